@@ -1,0 +1,28 @@
+"""specprim: composable speculative-decoding primitives.
+
+Notation: ``p`` is the target distribution, ``q`` the draft distribution. See ``docs/concepts.md``.
+"""
+
+from specprim import acceptance, drafters, hf, masks, models, residual, sampling, trees
+from specprim._loop import GenerateOutput, speculative_generate
+from specprim._stats import GenerationStats
+from specprim._types import DraftTree, Verdict, truncate_tree
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DraftTree",
+    "GenerateOutput",
+    "GenerationStats",
+    "Verdict",
+    "acceptance",
+    "drafters",
+    "hf",
+    "masks",
+    "models",
+    "residual",
+    "sampling",
+    "speculative_generate",
+    "trees",
+    "truncate_tree",
+]

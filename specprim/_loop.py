@@ -1,0 +1,151 @@
+"""The reference speculative decoding loop: draft, verify in one target forward, accept, commit."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specprim._stats import GenerationStats
+from specprim._types import DraftTree, Verdict, truncate_tree
+from specprim.drafters import Drafter, DraftRequest
+from specprim.hf import HFTarget
+from specprim.sampling import SamplingConfig
+
+AcceptanceRule = Callable[..., Verdict]
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+    """``sequences``: (B, T + n) long, the prompt followed by the generated tokens; ``stats``: per-step record."""
+
+    sequences: torch.Tensor
+    stats: GenerationStats
+
+
+def speculative_generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    *,
+    drafter: Drafter,
+    acceptance: AcceptanceRule,
+    max_new_tokens: int,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id: int | Sequence[int] | None = None,
+    generator: torch.Generator | None = None,
+    streamer: object | None = None,
+) -> GenerateOutput:
+    """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (1, T) with speculative decoding.
+
+    Each step: ``drafter`` proposes a tree rooted at the last committed token, the target scores
+    ``[root] + tree`` in one forward, ``acceptance`` picks the accepted path and the next token, and the target's
+    KV cache keeps only that path. Temperature, top-k and top-p are applied identically to target and draft
+    logits; ``temperature=0`` is greedy. With a lossless rule the output is distributed exactly as sampling
+    from the target with those transforms (greedy: identical to greedy decoding, up to floating-point ties).
+
+    Generation stops after ``max_new_tokens`` tokens or right after the first ``eos_token_id``, even inside an
+    accepted block. ``generator`` is the only source of randomness (it must live on the target's input device).
+    ``streamer`` receives the prompt, then each step's new tokens, like ``model.generate``'s streamer.
+
+    Raises ``ValueError`` for an empty prompt, batch size > 1, a negative budget, an invalid sampling setting,
+    prompt + budget over the model's context, a tree whose ``q`` or tokens do not fit the target's vocabulary,
+    or a greedy-only rule under sampling; ``FloatingPointError`` for NaN or +inf target logits.
+    """
+    sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    verifier = HFTarget(target)
+    ids = _check_prompt(input_ids).to(verifier.device)  # (1, T)
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    if getattr(acceptance, "greedy_only", False) and not sampling.is_greedy:
+        raise ValueError(f"{acceptance!r} verifies greedy decoding only; use temperature=0 or a sampling rule")
+    stop_ids = _stop_ids(eos_token_id)
+    verifier.check_length(ids.shape[1] + max_new_tokens)
+    stats = GenerationStats()
+    if streamer is not None:
+        streamer.put(ids.cpu())
+    if max_new_tokens > 0:
+        verifier.start(ids)
+    generated = 0
+    while generated < max_new_tokens:
+        start = time.perf_counter()
+        remaining = max_new_tokens - generated
+        request = DraftRequest(
+            input_ids=ids, sampling=sampling, vocab_size=verifier.vocab_size,
+            max_depth=remaining - 1, generator=generator,
+        )
+        tree = truncate_tree(drafter.propose(request), remaining - 1).to(verifier.device)
+        _check_tree(tree, verifier.vocab_size)
+        drafted = time.perf_counter()
+        logits = verifier.verify(ids[:, -1], tree)  # (1, N + 1, V)
+        verified = time.perf_counter()
+        _check_logits(logits)
+        verdict = acceptance(sampling.probs(logits), tree, generator=generator)
+        verifier.commit(verdict.path, verdict.num_accepted)
+        drafter.observe(verdict)
+        accepted = int(verdict.num_accepted[0])
+        new = torch.cat([tree.tokens[0, verdict.path[0, :accepted]], verdict.next_token[:1]])  # (a + 1,)
+        new, finished = _cut(new[:remaining], stop_ids)
+        ids = torch.cat([ids, new[None]], dim=1)
+        generated += new.shape[0]
+        if streamer is not None:
+            streamer.put(new.cpu())
+        stats.record(
+            accepted=accepted, tree_depth=tree.depth, tree_nodes=tree.num_nodes, emitted=new.shape[0],
+            draft_s=drafted - start, verify_s=verified - drafted, total_s=time.perf_counter() - start,
+        )
+        if finished:
+            break
+    if streamer is not None:
+        streamer.end()
+    return GenerateOutput(sequences=ids, stats=stats)
+
+
+def _check_prompt(input_ids: torch.Tensor) -> torch.Tensor:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise ValueError("input_ids must be a (B, T) tensor of token ids")
+    if input_ids.dtype != torch.long:
+        raise ValueError(f"input_ids must be torch.long, got {input_ids.dtype}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("the prompt is empty: speculative decoding needs at least one token")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"batch size {input_ids.shape[0]} is not supported yet; pass one prompt (B = 1)")
+    return input_ids
+
+
+def _stop_ids(eos_token_id: int | Sequence[int] | None) -> torch.Tensor:
+    if eos_token_id is None:
+        return torch.empty(0, dtype=torch.long)
+    values = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
+    return torch.tensor(values, dtype=torch.long)
+
+
+def _cut(new: torch.Tensor, stop_ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """Cut ``new`` (n,) right after its first stop token; say whether one was found."""
+    if stop_ids.numel() == 0:
+        return new, False
+    hits = torch.isin(new, stop_ids.to(new.device)).nonzero()
+    if hits.numel() == 0:
+        return new, False
+    return new[: int(hits[0, 0]) + 1], True
+
+
+def _check_tree(tree: DraftTree, vocab_size: int) -> None:
+    if tree.batch_size != 1:
+        raise ValueError(f"the drafter returned a tree for batch size {tree.batch_size}, expected 1")
+    if tree.q is not None and tree.q.shape[-1] != vocab_size:
+        raise ValueError(f"the drafter's q has {tree.q.shape[-1]} columns; the target's vocabulary has {vocab_size}")
+    if tree.num_nodes and (int(tree.tokens.min()) < 0 or int(tree.tokens.max()) >= vocab_size):
+        raise ValueError(f"the drafter proposed a token id outside the target's vocabulary [0, {vocab_size})")
+
+
+def _check_logits(logits: torch.Tensor) -> None:
+    if bool(torch.isfinite(logits).all()):
+        return
+    if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
+        raise FloatingPointError("the target produced NaN or +inf logits; check the model's dtype and weights")
+    if bool(logits.isneginf().all(-1).any()):
+        raise FloatingPointError("the target produced a row of all -inf logits")

@@ -1,0 +1,12 @@
+"""Acceptance rules: verify a draft tree against the target distribution ``p``.
+
+Every rule is a frozen keyword-only dataclass called as ``rule(p, tree, generator=None) -> Verdict`` and
+declares its guarantee in the class attribute ``lossless``.
+"""
+
+from specprim.acceptance._base import AcceptanceRule
+from specprim.acceptance._greedy import Greedy
+from specprim.acceptance._speculative import SpeculativeSampling
+from specprim.acceptance._typical import TypicalAcceptance
+
+__all__ = ["AcceptanceRule", "Greedy", "SpeculativeSampling", "TypicalAcceptance"]

@@ -1,0 +1,45 @@
+"""Greedy verification: accept the longest path that agrees with the target's argmax."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from specprim._types import DraftTree, Verdict
+from specprim.acceptance._base import (
+    TreeTables,
+    all_ancestors_flagged,
+    deepest,
+    rows_at,
+    validate_inputs,
+    verdict_at,
+)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Greedy:
+    """Accept the longest path whose every token is the argmax of its parent's target row.
+
+    The bonus ``next_token`` is the argmax of ``p`` at the end of the accepted path. Among equally long
+    matching paths (duplicate siblings) the one ending at the lowest node id wins. ``q`` and ``sampling``
+    are ignored and ``generator`` is unused.
+
+    Guarantee (``lossless = True``): the emitted tokens are exactly those of greedy (argmax) decoding of
+    the target, for any drafter. It is not lossless with respect to sampling from a non one-hot ``p``.
+    Argmax ties are broken as ``torch.argmax`` does (first maximal index).
+    """
+
+    lossless: ClassVar[bool] = True
+
+    def __call__(
+        self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None
+    ) -> Verdict:
+        validate_inputs(p, tree)
+        tables = TreeTables.of(tree, p.device)
+        best = p.argmax(dim=-1)  # (B, N + 1)
+        flags = tree.tokens == best[:, tables.parent_row]  # (B, N): token is its parent's argmax
+        end = deepest(all_ancestors_flagged(flags, tables), tables)  # (B,)
+        next_token = rows_at(p, end).argmax(dim=-1)  # (B,)
+        return verdict_at(end, next_token, tables)

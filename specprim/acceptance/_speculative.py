@@ -1,0 +1,113 @@
+"""Speculative sampling (Leviathan et al. 2023; Chen et al. 2023) and its multi-draft tree form."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from specprim._types import DraftTree, Sampling, Verdict
+from specprim.acceptance._base import TreeTables, rows_at, sample_rows, validate_inputs, verdict_at
+from specprim.residual import residual
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpeculativeSampling:
+    """Lossless verification by recursive rejection sampling over siblings.
+
+    Walk from the root. At the current node ``c`` keep a target ``r`` (initially ``p[:, c + 1]``) and try the
+    children of ``c`` in node order. Sibling ``k`` with token ``x_k`` has the effective proposal ``q_k``, the
+    distribution ``x_k`` was really drawn from given the earlier siblings (``tree.sampling``):
+
+    - ``"iid"``: ``q_k = q[:, c + 1]`` (SpecInfer's multi-step sampling);
+    - ``"without_replacement"``: ``q[:, c + 1]`` with the earlier siblings' tokens zeroed, renormalised;
+    - ``"deterministic"``: ``one_hot(x_k)`` (``q`` may be ``None``), i.e. accept with probability ``r(x_k)``
+      and on rejection remove ``x_k`` from ``r``.
+
+    Accept ``x_k`` with probability ``min(1, r(x_k) / q_k(x_k))``: on acceptance move to that child with
+    ``r = p[:, child + 1]``; on rejection set ``r = residual(r, q_k)`` and try the next sibling. When all
+    children are rejected (or there are none) emit ``next_token ~ r``. A chain is the special case of one
+    child per node (Leviathan / Chen).
+
+    Guarantee (``lossless = True``): when the drafter honours the q-contract, the emitted tokens (accepted
+    path then ``next_token``) are distributed exactly as autoregressive sampling from ``p``.
+
+    Contract violations: a sibling whose token has ``q_k(x_k) == 0`` could not have been drawn (``"iid"``:
+    ``q(x) == 0``; ``"without_replacement"``: a repeated token or ``q(x) == 0``). It is skipped — rejected
+    *without* updating ``r`` — which is exactly what the rule would do had the sibling not been drafted, so
+    such junk never biases the output (``min(1, r/0)`` would otherwise accept it unconditionally).
+
+    ``_sibling_proposal`` and ``_after_rejection`` are the two steps an ablation may override.
+    Randomness: uniforms and the final sample come from ``generator`` only.
+    """
+
+    lossless: ClassVar[bool] = True
+
+    def __call__(
+        self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None
+    ) -> Verdict:
+        validate_inputs(p, tree)
+        tables = TreeTables.of(tree, p.device)
+        batch, _, vocab = p.shape
+        q = None if tree.sampling == "deterministic" or tree.q is None else tree.q.to(p.dtype)
+        node = torch.full((batch,), -1, dtype=torch.long, device=p.device)  # (B,) current node
+        target = p[:, 0]  # (B, V) r: what the next emitted token must be distributed as
+        walking = torch.ones(batch, dtype=torch.bool, device=p.device)  # (B,) rows still descending
+        for _level in range(tree.depth + 1):
+            if not bool(walking.any()):
+                break
+            p_row = target  # (B, V) the undisturbed target of the current node
+            q_row = None if q is None else rows_at(q, node)  # (B, V)
+            excluded = torch.zeros(batch, vocab, dtype=torch.bool, device=p.device)  # earlier siblings
+            kids = tables.children[node + 1]  # (B, K)
+            moved = torch.zeros_like(walking)  # (B,) accepted a child at this level
+            for rank in range(kids.shape[1]):
+                child = kids[:, rank]  # (B,) -1 where the node has fewer children
+                trying = walking & ~moved & (child >= 0)
+                token = tree.tokens.gather(1, child.clamp_min(0).unsqueeze(1)).squeeze(1)  # (B,)
+                proposal = self._sibling_proposal(tree.sampling, q_row, excluded, token, p_row)  # (B, V)
+                q_x = proposal.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
+                r_x = target.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
+                ratio = torch.where(q_x > 0, r_x / torch.where(q_x > 0, q_x, 1.0), 0.0)  # (B,)
+                uniform = torch.rand(batch, generator=generator, device=p.device, dtype=p.dtype)
+                accept = trying & (uniform < ratio)
+                reject = trying & ~accept & (q_x > 0)  # zero-q siblings are skipped, r unchanged
+                after = self._after_rejection(target, proposal, p_row)  # (B, V)
+                target = torch.where(reject.unsqueeze(1), after, target)
+                target = torch.where(accept.unsqueeze(1), rows_at(p, child), target)
+                node = torch.where(accept, child, node)
+                moved = moved | accept
+                hit = torch.nn.functional.one_hot(token, vocab).bool() & trying.unsqueeze(1)
+                excluded = excluded | hit
+            walking = moved
+        next_token = sample_rows(target, generator)  # (B,)
+        return verdict_at(node, next_token, tables)
+
+    def _sibling_proposal(
+        self,
+        sampling: Sampling,
+        q_row: torch.Tensor | None,
+        excluded: torch.Tensor,
+        token: torch.Tensor,
+        p_row: torch.Tensor,
+    ) -> torch.Tensor:
+        """The distribution sibling ``token`` was drawn from, given the earlier siblings.
+
+        Args: q_row (B, V) or ``None``; excluded (B, V) bool, the earlier siblings' tokens; token (B,);
+        p_row (B, V) the target at the current node (unused here, available to ablations).
+        Returns: (B, V).
+        """
+        if sampling == "deterministic" or q_row is None:
+            return torch.nn.functional.one_hot(token, p_row.shape[-1]).to(p_row.dtype)
+        if sampling == "iid":
+            return q_row
+        remaining = q_row.masked_fill(excluded, 0.0)  # (B, V)
+        mass = remaining.sum(dim=-1, keepdim=True)  # (B, 1)
+        return remaining / torch.where(mass > 0, mass, torch.ones_like(mass))
+
+    def _after_rejection(
+        self, target: torch.Tensor, proposal: torch.Tensor, p_row: torch.Tensor
+    ) -> torch.Tensor:
+        """(B, V) target, (B, V) rejected proposal, (B, V) node's target -> (B, V) the new target."""
+        return residual(target, proposal)

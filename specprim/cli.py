@@ -1,0 +1,120 @@
+"""The ``specprim`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from specprim import models, presets
+from specprim.hf import check_tokenizers_compatible
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def _leviathan(args: argparse.Namespace, tokenizer) -> presets.Method:
+    if not args.draft:
+        raise SystemExit("--method leviathan needs --draft NAME_OR_PATH (a small LM with the target's tokenizer)")
+    draft_model, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype])
+    check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    return presets.leviathan(draft_model, k=args.num_draft)
+
+
+def _prompt_lookup(args: argparse.Namespace, tokenizer) -> presets.Method:
+    return presets.prompt_lookup(num_tokens=args.num_draft)
+
+
+METHODS: dict[str, Callable[[argparse.Namespace, object], presets.Method]] = {
+    "leviathan": _leviathan,
+    "prompt-lookup": _prompt_lookup,
+}
+
+
+def chat_input_ids(tokenizer, prompt: str) -> torch.Tensor:
+    """(1, T) ids of ``prompt`` as one user turn, rendered with the tokenizer's chat template if it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+    else:
+        text = prompt
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
+
+
+def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
+    start = time.perf_counter()
+    out = fn()
+    return out, time.perf_counter() - start
+
+
+def generate_command(args: argparse.Namespace) -> int:
+    torch.manual_seed(args.seed)
+    model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype])
+    method = METHODS[args.method](args, tokenizer)
+    ids = chat_input_ids(tokenizer, args.prompt)
+    sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    eos = tokenizer.eos_token_id
+
+    def plain(max_new_tokens: int) -> torch.Tensor:
+        extra = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k or 0,
+                     top_p=args.top_p or 1.0) if args.temperature > 0 else dict(do_sample=False)
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                              eos_token_id=eos, pad_token_id=eos, **extra)
+
+    def speculative(max_new_tokens: int):
+        generator = torch.Generator().manual_seed(args.seed)
+        return method.generate(model, ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                               generator=generator, **sampling)
+
+    plain(8), speculative(8)  # warm-up
+    baseline, plain_s = _timed(lambda: plain(args.max_new_tokens))
+    out, spec_s = _timed(lambda: speculative(args.max_new_tokens))
+    new_ids = out.sequences[0, ids.shape[1]:]
+    plain_new = baseline.shape[1] - ids.shape[1]
+    spec_rate, plain_rate = len(new_ids) / spec_s, plain_new / plain_s
+    print(tokenizer.decode(new_ids, skip_special_tokens=True))
+    print("---")
+    stats = out.stats
+    print(f"method {args.method} | target {args.target} ({args.dtype}) | new tokens {len(new_ids)} | "
+          f"steps {stats.steps} | tau {stats.tau:.2f} (mean accepted length, bonus token included)")
+    line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate {plain_rate:.1f} tok/s | "
+            f"speedup {spec_rate / plain_rate:.2f}x")
+    if args.temperature == 0:
+        same = torch.equal(baseline[0], out.sequences[0])
+        line += f" | identical to plain greedy: {'yes' if same else 'no'}"
+    print(line)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specprim", description="Speculative decoding primitives.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    gen = commands.add_parser(
+        "generate", help="speculative generation; prints the text, tau and the speedup over plain decoding"
+    )
+    gen.add_argument("--target", default="smollm2-135m-instruct",
+                     help=f"target model: one of {sorted(models.KNOWN_MODELS)}, a local path or a hub id")
+    gen.add_argument("--method", choices=sorted(METHODS), default="prompt-lookup")
+    gen.add_argument("--draft", help="draft model for --method leviathan")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--max-new-tokens", type=int, default=128)
+    gen.add_argument("--num-draft", type=int, default=8, help="draft tokens per step (chain length)")
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    gen.add_argument("--seed", type=int, default=0)
+    gen.set_defaults(func=generate_command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""Logits-to-probabilities transforms applied identically to the target (p) and the draft (q)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingConfig:
+    """Temperature, top-k and top-p, applied in that order to target and draft logits alike.
+
+    ``temperature == 0`` means greedy: ``probs`` returns the one-hot distribution of the argmax.
+    Invalid values raise ``ValueError`` at construction.
+    """
+
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.temperature, (int, float)) or self.temperature != self.temperature:
+            raise ValueError(f"temperature must be a number, got {self.temperature!r}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k is not None and (
+            not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
+        ):
+            raise ValueError(f"top_k must be a positive int or None, got {self.top_k!r}")
+        if self.top_p is not None and not (
+            isinstance(self.top_p, (int, float)) and 0.0 < self.top_p <= 1.0
+        ):
+            raise ValueError(f"top_p must be in (0, 1] or None, got {self.top_p!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """(..., V) logits -> (..., V) float32 probabilities. Does not modify ``logits``."""
+        logits = logits.float()
+        if self.is_greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        logits = logits / self.temperature
+        if self.top_k is not None and self.top_k < logits.shape[-1]:
+            kth = torch.topk(logits, self.top_k, dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p is not None and self.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+            sorted_probs = sorted_logits.softmax(-1)
+            # Keep a token while the mass strictly before it is below top_p (the top token is always kept).
+            mass_before = sorted_probs.cumsum(-1) - sorted_probs
+            drop_sorted = mass_before >= self.top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return logits.softmax(-1)

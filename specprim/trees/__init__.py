@@ -1,0 +1,5 @@
+"""Tree shapes used by model-based drafters."""
+
+from specprim.trees._chain import Chain
+
+__all__ = ["Chain"]
