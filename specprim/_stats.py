@@ -55,7 +55,7 @@ class GenerationStats:
         fraction that accepted the depth-``d`` token too (EAGLE's per-depth acceptance rate)."""
         rates = []
         for depth in range(1, max(self.tree_depth, default=0) + 1):
-            reached = [a for a, t in zip(self.accepted, self.tree_depth) if t >= depth and a >= depth - 1]
+            reached = [a for a, t in zip(self.accepted, self.tree_depth, strict=True) if t >= depth and a >= depth - 1]
             rates.append(sum(a >= depth for a in reached) / len(reached) if reached else float("nan"))
         return rates
 

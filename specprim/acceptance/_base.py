@@ -21,12 +21,14 @@ class AcceptanceRule(Protocol):
     - ``tree``: the `DraftTree` (tokens (B, N), parents (N,), q (B, N + 1, V) or ``None``, sampling scheme).
     - ``generator``: the only source of randomness (``None`` falls back to torch's global generator).
 
-    Returns a `Verdict` on ``p``'s device: ``path`` (B, D) accepted node ids from the root down, ``-1`` padded;
-    ``num_accepted`` (B,) long; ``next_token`` (B,) long, the token emitted after the path.
+    Returns a `Verdict` on ``p``'s device: ``path`` (B, D) accepted node ids from the root down, ``-1``
+    padded; ``num_accepted`` (B,) long; ``next_token`` (B,) long, the token emitted after the path.
 
     ``lossless`` (class attribute) declares the guarantee: ``True`` means the emitted tokens are distributed
-    exactly as autoregressive sampling from ``p`` whenever the drafter honours the q-contract. Rules never
-    mutate ``p``, ``q`` or the tree, and raise ``ValueError`` on inconsistent shapes.
+    exactly as autoregressive sampling from ``p`` whenever the drafter honours the q-contract. A rule that is
+    exact only for greedy decoding (one-hot ``p``) may also set ``greedy_only = True`` (optional; the
+    generation loop then refuses it under sampling). Rules never mutate ``p``, ``q`` or the tree, and raise
+    ``ValueError`` on inconsistent shapes.
     """
 
     lossless: ClassVar[bool]
@@ -142,7 +144,7 @@ def deepest(accepted: torch.Tensor, tables: TreeTables, score: torch.Tensor | No
 
 
 def verdict_at(end: torch.Tensor, next_token: torch.Tensor, tables: TreeTables) -> Verdict:
-    """Build the `Verdict` of rows whose accepted path ends at node ``end`` (B,) (``-1``: nothing accepted)."""
+    """The `Verdict` of rows whose accepted path ends at node ``end`` (B,) (``-1``: nothing accepted)."""
     return Verdict(
         path=tables.paths[end + 1],  # (B, D)
         num_accepted=tables.depth[end + 1],  # (B,)

@@ -28,14 +28,14 @@ class Greedy:
 
     Guarantee (``lossless = True``): the emitted tokens are exactly those of greedy (argmax) decoding of
     the target, for any drafter. It is not lossless with respect to sampling from a non one-hot ``p``.
-    Argmax ties are broken as ``torch.argmax`` does (first maximal index).
+    Argmax ties are broken as ``torch.argmax`` does (first maximal index). ``greedy_only = True`` tells the
+    generation loop to refuse this rule under sampling (temperature > 0).
     """
 
     lossless: ClassVar[bool] = True
+    greedy_only: ClassVar[bool] = True
 
-    def __call__(
-        self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None
-    ) -> Verdict:
+    def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
         validate_inputs(p, tree)
         tables = TreeTables.of(tree, p.device)
         best = p.argmax(dim=-1)  # (B, N + 1)

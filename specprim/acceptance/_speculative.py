@@ -38,15 +38,14 @@ class SpeculativeSampling:
     *without* updating ``r`` — which is exactly what the rule would do had the sibling not been drafted, so
     such junk never biases the output (``min(1, r/0)`` would otherwise accept it unconditionally).
 
-    ``_sibling_proposal`` and ``_after_rejection`` are the two steps an ablation may override.
+    ``_sibling_proposal``, ``_acceptance_probability`` and ``_after_rejection`` are the steps an ablation
+    may override (the tests break each one on purpose and check that the losslessness check notices).
     Randomness: uniforms and the final sample come from ``generator`` only.
     """
 
     lossless: ClassVar[bool] = True
 
-    def __call__(
-        self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None
-    ) -> Verdict:
+    def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
         validate_inputs(p, tree)
         tables = TreeTables.of(tree, p.device)
         batch, _, vocab = p.shape
@@ -69,9 +68,8 @@ class SpeculativeSampling:
                 proposal = self._sibling_proposal(tree.sampling, q_row, excluded, token, p_row)  # (B, V)
                 q_x = proposal.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
                 r_x = target.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
-                ratio = torch.where(q_x > 0, r_x / torch.where(q_x > 0, q_x, 1.0), 0.0)  # (B,)
                 uniform = torch.rand(batch, generator=generator, device=p.device, dtype=p.dtype)
-                accept = trying & (uniform < ratio)
+                accept = trying & (uniform < self._acceptance_probability(r_x, q_x))
                 reject = trying & ~accept & (q_x > 0)  # zero-q siblings are skipped, r unchanged
                 after = self._after_rejection(target, proposal, p_row)  # (B, V)
                 target = torch.where(reject.unsqueeze(1), after, target)
@@ -105,6 +103,11 @@ class SpeculativeSampling:
         remaining = q_row.masked_fill(excluded, 0.0)  # (B, V)
         mass = remaining.sum(dim=-1, keepdim=True)  # (B, 1)
         return remaining / torch.where(mass > 0, mass, torch.ones_like(mass))
+
+    def _acceptance_probability(self, r_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+        """(B,) ``r(x)``, (B,) ``q_k(x)`` -> (B,) ``min(1, r(x) / q_k(x))``, 0 where ``q_k(x) == 0``."""
+        safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+        return torch.where(q_x > 0, (r_x / safe_q).clamp(max=1.0), torch.zeros_like(r_x))
 
     def _after_rejection(
         self, target: torch.Tensor, proposal: torch.Tensor, p_row: torch.Tensor

