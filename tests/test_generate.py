@@ -237,3 +237,26 @@ class TestBadInput:
             DraftTree(tokens=torch.zeros(1, 2, dtype=torch.long), parents=torch.tensor([-1, 1]))
         with pytest.raises(ValueError, match="q is required"):
             DraftTree(tokens=torch.zeros(1, 1, dtype=torch.long), parents=torch.tensor([-1]), sampling="iid")
+
+
+@pytest.mark.parametrize(
+    "arch, device_map",
+    [
+        ("llama", {"model.embed_tokens": "cpu", "model.layers.0": "cpu", "model.layers.1": "disk",
+                   "model.norm": "cpu", "model.rotary_emb": "cpu", "lm_head": "disk"}),
+        ("gpt2", {"transformer.wte": "disk", "transformer.wpe": "cpu", "transformer.h.0": "cpu",
+                  "transformer.h.1": "disk", "transformer.ln_f": "cpu", "lm_head": "disk"}),
+    ],
+)
+def test_target_dispatched_by_accelerate(arch, device_map, tmp_path):
+    """A target split by accelerate's device map (here across CPU and disk offload, the same hooks that spread a
+    model over several GPUs) works unchanged."""
+    from accelerate import dispatch_model
+
+    target = tiny_causal_lm(arch)
+    prompt = torch.randint(2, VOCAB, (1, 6), generator=torch.Generator().manual_seed(8))
+    expected = reference(target, prompt, 30)
+    dispatched = dispatch_model(target, device_map=device_map, offload_dir=str(tmp_path))
+    out = speculative_generate(dispatched, prompt, drafter=OracleTreeDrafter(expected), acceptance=Greedy(),
+                               max_new_tokens=30)
+    assert torch.equal(out.sequences, expected)

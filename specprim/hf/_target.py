@@ -26,8 +26,17 @@ def check_causal_lm(model: object) -> None:
 
 
 def input_device(model: PreTrainedModel) -> torch.device:
-    """Device of the input embeddings: where token ids must go (also under ``device_map="auto"``)."""
-    return model.get_input_embeddings().weight.device
+    """Device of the input embeddings: where token ids must go (also under ``device_map="auto"``).
+
+    For embeddings offloaded by accelerate (weights on the meta device), the device they execute on.
+    """
+    embeddings = model.get_input_embeddings()
+    if embeddings.weight.device.type == "meta":
+        hook = getattr(embeddings, "_hf_hook", None)
+        execution_device = getattr(hook, "execution_device", None)
+        if execution_device is not None:
+            return torch.device(execution_device)
+    return embeddings.weight.device
 
 
 def vocab_size(model: PreTrainedModel) -> int:
