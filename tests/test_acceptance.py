@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -13,16 +12,6 @@ from hypothesis import strategies as st
 from specprim._types import SAMPLING_SCHEMES, DraftTree, Verdict
 from specprim.acceptance import AcceptanceRule, Greedy, SpeculativeSampling, TypicalAcceptance
 from specprim.testing import check_verdict, draw_tree, trees
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    # Many small tensor ops: one intra-op thread is much faster (and steadier) on a busy 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 RULES = [Greedy(), SpeculativeSampling(), TypicalAcceptance()]
 

@@ -8,8 +8,6 @@ token cells) with chi-square p-values far from the 1e-4 floor; the broken ones m
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -30,16 +28,6 @@ from specprim.testing import (
     trees,
 )
 from specprim.testing._lossless import Rule
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    # Many small tensor ops: one intra-op thread is much faster (and steadier) on a busy 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 CHAIN = [-1, 0, 1, 2]  # 4 drafted tokens in a row
 TREE = [-1, -1, -1, 0, 0, 1, 3]  # 3 root children, 2 under the first, depth 3

@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specprim.residual import residual
 from specprim.testing import distributions
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread() -> Iterator[None]:
-    # Many small tensor ops: one intra-op thread is much faster (and steadier) on a busy 2-core machine.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 pairs = st.integers(min_value=1, max_value=8).flatmap(lambda v: st.tuples(distributions(v), distributions(v)))
 
