@@ -15,6 +15,8 @@ from typing import Literal, get_args
 
 import torch
 
+from specprim.sampling import SamplingConfig
+
 Sampling = Literal["iid", "without_replacement", "deterministic"]
 SAMPLING_SCHEMES: tuple[str, ...] = get_args(Sampling)
 
@@ -173,3 +175,44 @@ def truncate_tree(tree: DraftTree, max_depth: int) -> DraftTree:
         q=q,
         sampling=tree.sampling,
     )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TargetFeatures:
+    """Target hidden states at positions committed since the previous request.
+
+    Attributes:
+        hidden_states: one (B, n, H) tensor per layer the drafter asked for (``Drafter.feature_layers``, in that
+            order), for the ``n`` positions ``start .. start + n - 1``.
+        token_ids: (B, n) long, the token at each of those positions (the target's input there).
+        start: absolute position of the first of them (0 at the start of a generation).
+    """
+
+    hidden_states: tuple[torch.Tensor, ...]
+    token_ids: torch.Tensor
+    start: int
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DraftRequest:
+    """Everything a drafter may use to propose one tree.
+
+    Attributes:
+        input_ids: (B, T) long, every committed token; the last one is the root.
+        sampling: the transforms the target uses; a drafter that samples applies the same ones to its logits.
+        vocab_size: the target's ``V``; ``q`` must have this last dimension and tokens must be below it.
+        max_depth: draft no deeper than this (deeper nodes could never be emitted).
+        generator: the only source of randomness a drafter may use.
+        step: 0 for the first request of a generation, then 1, 2, ...
+        features: for drafters with ``feature_layers``, the target's hidden states at the positions committed
+            since the previous request: every position but the root's, so at step 0 the prompt without its
+            last token, later the previous root and the accepted tokens. ``None`` for other drafters.
+    """
+
+    input_ids: torch.Tensor
+    sampling: SamplingConfig
+    vocab_size: int
+    max_depth: int
+    generator: torch.Generator | None = None
+    step: int = 0
+    features: TargetFeatures | None = None

@@ -15,24 +15,6 @@ from specprim.hf import check_tokenizers_compatible
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def _leviathan(args: argparse.Namespace, tokenizer) -> presets.Method:
-    if not args.draft:
-        raise SystemExit("--method leviathan needs --draft NAME_OR_PATH (a small LM with the target's tokenizer)")
-    draft_model, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype])
-    check_tokenizers_compatible(tokenizer, draft_tokenizer)
-    return presets.leviathan(draft_model, k=args.num_draft)
-
-
-def _prompt_lookup(args: argparse.Namespace, tokenizer) -> presets.Method:
-    return presets.prompt_lookup(num_tokens=args.num_draft)
-
-
-METHODS: dict[str, Callable[[argparse.Namespace, object], presets.Method]] = {
-    "leviathan": _leviathan,
-    "prompt-lookup": _prompt_lookup,
-}
-
-
 def chat_input_ids(tokenizer, prompt: str) -> torch.Tensor:
     """(1, T) ids of ``prompt`` as one user turn, rendered with the tokenizer's chat template if it has one."""
     if getattr(tokenizer, "chat_template", None):
@@ -53,7 +35,14 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
 def generate_command(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype])
-    method = METHODS[args.method](args, tokenizer)
+    draft = None
+    if args.draft:
+        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype])
+        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    try:
+        method = presets.from_name(args.method, target=model, draft=draft, num_draft=args.num_draft)
+    except ValueError as error:
+        raise SystemExit(f"specprim generate: {error}") from error
     ids = chat_input_ids(tokenizer, args.prompt)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos = tokenizer.eos_token_id
@@ -97,11 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--target", default="smollm2-135m-instruct",
                      help=f"target model: one of {sorted(models.KNOWN_MODELS)}, a local path or a hub id")
-    gen.add_argument("--method", choices=sorted(METHODS), default="prompt-lookup")
+    gen.add_argument("--method", choices=presets.NAMES, default="prompt-lookup")
     gen.add_argument("--draft", help="draft model for --method leviathan")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--num-draft", type=int, default=8, help="draft tokens per step (chain length)")
+    gen.add_argument("--num-draft", type=int, help="draft tokens per step (default: the preset's)")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--top-p", type=float)

@@ -39,4 +39,31 @@ def prompt_lookup(max_ngram: int = 3, num_tokens: int = 8) -> Method:
     )
 
 
-__all__ = ["Method", "leviathan", "prompt_lookup"]
+def from_name(
+    name: str, *, target: torch.nn.Module, draft: torch.nn.Module | None = None, num_draft: int | None = None
+) -> Method:
+    """Build the preset called ``name`` (see :data:`NAMES`) for ``target``: what command-line tools use.
+
+    ``draft`` is the draft model for ``"leviathan"``; ``num_draft`` overrides the preset's draft length.
+    Raises ``ValueError`` for an unknown name or a missing draft model.
+    """
+    options = {} if num_draft is None else {"num_draft": num_draft}
+    if name not in _BY_NAME:
+        raise ValueError(f"unknown method {name!r}; known: {sorted(_BY_NAME)}")
+    return _BY_NAME[name](target=target, draft=draft, **options)
+
+
+def _leviathan_by_name(*, target, draft, num_draft: int = 4) -> Method:
+    if draft is None:
+        raise ValueError("method 'leviathan' needs a draft model (a small LM with the target's tokenizer)")
+    return leviathan(draft, k=num_draft)
+
+
+def _prompt_lookup_by_name(*, target, draft, num_draft: int = 8) -> Method:
+    return prompt_lookup(num_tokens=num_draft)
+
+
+_BY_NAME = {"leviathan": _leviathan_by_name, "prompt-lookup": _prompt_lookup_by_name}
+NAMES: tuple[str, ...] = tuple(sorted(_BY_NAME))
+
+__all__ = ["NAMES", "Method", "from_name", "leviathan", "prompt_lookup"]

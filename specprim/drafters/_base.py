@@ -1,33 +1,10 @@
-"""What the loop hands a drafter, and what a drafter must do."""
+"""What a drafter must do."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Protocol, runtime_checkable
 
-import torch
-
-from specprim._types import DraftTree, Verdict
-from specprim.sampling import SamplingConfig
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class DraftRequest:
-    """Everything a drafter may use to propose one tree.
-
-    Attributes:
-        input_ids: (B, T) long, every committed token; the last one is the root.
-        sampling: the transforms the target uses; a drafter that samples applies the same ones to its logits.
-        vocab_size: the target's ``V``; ``q`` must have this last dimension and tokens must be below it.
-        max_depth: draft no deeper than this (deeper nodes could never be emitted).
-        generator: the only source of randomness a drafter may use.
-    """
-
-    input_ids: torch.Tensor
-    sampling: SamplingConfig
-    vocab_size: int
-    max_depth: int
-    generator: torch.Generator | None = None
+from specprim._types import DraftRequest, DraftTree, Verdict
 
 
 @runtime_checkable
@@ -36,6 +13,11 @@ class Drafter(Protocol):
 
     The q-contract: ``propose`` returns the ``q`` its tokens were actually drawn from under its declared
     ``sampling`` scheme; a drafter that chooses tokens without randomness declares ``"deterministic"``.
+
+    A drafter that needs the target's hidden states declares an attribute ``feature_layers``: a tuple of
+    indices into Hugging Face's ``output_hidden_states`` (``0`` = embeddings, ``i`` = after layer ``i``,
+    ``-1`` = the last entry, after the final norm for most models). The loop then fills
+    ``DraftRequest.features``. Drafters without the attribute get ``features=None`` and cost nothing extra.
     """
 
     def propose(self, request: DraftRequest) -> DraftTree:

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from specprim._types import DraftTree, Verdict
-from specprim.drafters._base import DraftRequest
+from specprim._types import DraftRequest, DraftTree, Verdict
 from specprim.hf import check_causal_lm, input_device, vocab_size
 from specprim.hf._target import _cache_kwarg
 from specprim.trees import Chain

@@ -6,8 +6,7 @@ import dataclasses
 
 import torch
 
-from specprim._types import DraftTree, Verdict
-from specprim.drafters._base import DraftRequest
+from specprim._types import DraftRequest, DraftTree, Verdict
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
