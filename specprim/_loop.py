@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprim._stats import GenerationStats
-from specprim._types import DraftTree, Verdict, truncate_tree
+from specprim._types import DraftTree, TargetFeatures, Verdict, truncate_tree
 from specprim.drafters import Drafter, DraftRequest
 from specprim.hf import HFTarget
 from specprim.sampling import SamplingConfig
@@ -67,27 +67,33 @@ def speculative_generate(
     stats = GenerationStats()
     if streamer is not None:
         streamer.put(ids.cpu())
+    feature_layers = tuple(getattr(drafter, "feature_layers", ()))
+    features = None
     if max_new_tokens > 0:
-        verifier.start(ids)
+        hidden = verifier.start(ids, feature_layers)  # (1, T - 1, H) each
+        features = TargetFeatures(hidden_states=hidden, token_ids=ids[:, :-1], start=0) if feature_layers else None
     generated = 0
     while generated < max_new_tokens:
         start = time.perf_counter()
         remaining = max_new_tokens - generated
         request = DraftRequest(
             input_ids=ids, sampling=sampling, vocab_size=verifier.vocab_size,
-            max_depth=remaining - 1, generator=generator,
+            max_depth=remaining - 1, generator=generator, step=stats.steps, features=features,
         )
         tree = truncate_tree(drafter.propose(request), remaining - 1).to(verifier.device)
         _check_tree(tree, verifier.vocab_size)
         drafted = time.perf_counter()
-        logits = verifier.verify(ids[:, -1], tree)  # (1, N + 1, V)
+        root_position = verifier.past_length
+        logits, hidden = verifier.verify(ids[:, -1], tree, feature_layers)  # (1, N + 1, V), (1, N + 1, H) each
         verified = time.perf_counter()
         _check_logits(logits)
         verdict = acceptance(sampling.probs(logits), tree, generator=generator)
         verifier.commit(verdict.path, verdict.num_accepted)
         drafter.observe(verdict)
         accepted = int(verdict.num_accepted[0])
-        new = torch.cat([tree.tokens[0, verdict.path[0, :accepted]], verdict.next_token[:1]])  # (a + 1,)
+        path = verdict.path[0, :accepted]  # (a,)
+        new = torch.cat([tree.tokens[0, path], verdict.next_token[:1]])  # (a + 1,)
+        features = _committed_features(hidden, ids[:, -1:], tree.tokens[:, path], path, root_position)
         new, finished = _cut(new[:remaining], stop_ids)
         ids = torch.cat([ids, new[None]], dim=1)
         generated += new.shape[0]
@@ -102,6 +108,18 @@ def speculative_generate(
     if streamer is not None:
         streamer.end()
     return GenerateOutput(sequences=ids, stats=stats)
+
+
+def _committed_features(
+    hidden: tuple[torch.Tensor, ...], root: torch.Tensor, accepted: torch.Tensor, path: torch.Tensor, start: int
+) -> TargetFeatures | None:
+    """The target's hidden states at the positions this step committed: the root (row 0) and the accepted
+    nodes (rows ``path + 1``); ``root`` (1, 1) and ``accepted`` (1, a) are the tokens there."""
+    if not hidden:
+        return None
+    rows = torch.cat([path.new_zeros(1), path + 1])  # (a + 1,)
+    tokens = torch.cat([root, accepted], dim=1)  # (1, a + 1)
+    return TargetFeatures(hidden_states=tuple(h[:, rows] for h in hidden), token_ids=tokens, start=start)
 
 
 def _check_prompt(input_ids: torch.Tensor) -> torch.Tensor:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprim import models, presets
+from specprim.bench import add_bench_parser
 from specprim.hf import check_tokenizers_compatible
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -40,7 +41,8 @@ def generate_command(args: argparse.Namespace) -> int:
         draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype])
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
     try:
-        method = presets.from_name(args.method, target=model, draft=draft, num_draft=args.num_draft)
+        method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
+                                   exit_layer=args.exit_layer)
     except ValueError as error:
         raise SystemExit(f"specprim generate: {error}") from error
     ids = chat_input_ids(tokenizer, args.prompt)
@@ -88,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"target model: one of {sorted(models.KNOWN_MODELS)}, a local path or a hub id")
     gen.add_argument("--method", choices=presets.NAMES, default="prompt-lookup")
     gen.add_argument("--draft", help="draft model for --method leviathan")
+    gen.add_argument("--head", help="trained head directory for --method medusa / eagle / eagle3 / mtp")
+    gen.add_argument("--exit-layer", type=int, help="exit layer for --method early-exit (default: half the layers)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-draft", type=int, help="draft tokens per step (default: the preset's)")
@@ -97,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=generate_command)
+    add_bench_parser(commands)
     return parser
 
 

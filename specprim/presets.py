@@ -1,16 +1,35 @@
-"""Named speculative-decoding methods as short compositions of primitives."""
+"""Named speculative-decoding methods as short compositions of primitives.
+
+Each preset returns a `Method`: the drafter (a draft model and a tree shape) and the acceptance rule that
+`speculative_generate` takes. Every preset verifies with `SpeculativeSampling`, which is lossless for greedy
+and sampled decoding alike. `from_name` builds a preset from command-line style options.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from specprim._loop import GenerateOutput, speculative_generate
 from specprim.acceptance import AcceptanceRule, SpeculativeSampling
-from specprim.drafters import Drafter, ModelDrafter, PromptLookup
-from specprim.trees import Chain
+from specprim.drafters import (
+    Drafter,
+    EagleHead,
+    EarlyExit,
+    MedusaDraftModel,
+    MedusaHeads,
+    ModelDrafter,
+    MTPDraftModel,
+    MTPHead,
+    PromptLookup,
+    TreeDrafter,
+    eagle_drafter,
+)
+from specprim.hf import num_layers
+from specprim.trees import Chain, TreeBuilder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,48 +41,120 @@ class Method:
 
     def generate(self, target: torch.nn.Module, input_ids: torch.Tensor, **kwargs: Any) -> GenerateOutput:
         """``speculative_generate(target, input_ids, drafter=..., acceptance=..., **kwargs)``."""
-        return speculative_generate(
-            target, input_ids, drafter=self.drafter, acceptance=self.acceptance, **kwargs
-        )
+        return speculative_generate(target, input_ids, drafter=self.drafter, acceptance=self.acceptance, **kwargs)
 
 
-def leviathan(draft_model: torch.nn.Module, k: int = 4) -> Method:
-    """Speculative sampling with an independent small LM drafting a chain of ``k`` (Leviathan et al., 2023)."""
-    return Method(drafter=ModelDrafter(draft_model, tree=Chain(k)), acceptance=SpeculativeSampling())
+def leviathan(draft_model: torch.nn.Module, k: int = 4, tree: TreeBuilder | None = None) -> Method:
+    """An independent small LM drafting a chain of ``k`` (Leviathan et al., 2023), or any ``tree``."""
+    return Method(ModelDrafter(draft_model, tree=tree or Chain(k)), SpeculativeSampling())
 
 
-def prompt_lookup(max_ngram: int = 3, num_tokens: int = 8) -> Method:
-    """Prompt-lookup decoding: n-gram matches over the context as a deterministic chain, verified losslessly."""
-    return Method(
-        drafter=PromptLookup(max_ngram=max_ngram, num_tokens=num_tokens), acceptance=SpeculativeSampling()
-    )
+def prompt_lookup(num_tokens: int = 8, max_matches: int = 4, max_ngram: int = 3) -> Method:
+    """Prompt-lookup decoding: n-gram matches over the context merged into a deterministic tree."""
+    return Method(PromptLookup(max_ngram=max_ngram, num_tokens=num_tokens, max_matches=max_matches),
+                  SpeculativeSampling())
+
+
+def early_exit(target: torch.nn.Module, exit_layer: int, k: int = 4, tree: TreeBuilder | None = None) -> Method:
+    """Self-speculation with the target's first ``exit_layer`` layers (training-free, no weight copy)."""
+    return Method(EarlyExit(target, exit_layer, tree=tree or Chain(k)), SpeculativeSampling())
+
+
+def medusa(heads: MedusaHeads, tree: TreeBuilder | None = None) -> Method:
+    """Medusa heads on the target's last hidden state, verified over a static tree (default: the heads')."""
+    return Method(TreeDrafter(MedusaDraftModel(heads), tree or heads.default_tree()), SpeculativeSampling())
+
+
+def eagle(head: EagleHead, tree: TreeBuilder | None = None) -> Method:
+    """An EAGLE-1 feature head with an EAGLE-2 dynamic tree by default."""
+    _check_version(head, 1)
+    return Method(eagle_drafter(head, tree), SpeculativeSampling())
+
+
+def eagle3(head: EagleHead, tree: TreeBuilder | None = None) -> Method:
+    """An EAGLE-3 head (fused low/mid/high features, reduced draft vocabulary) with a dynamic tree by default."""
+    _check_version(head, 3)
+    return Method(eagle_drafter(head, tree), SpeculativeSampling())
+
+
+def mtp(head: MTPHead, k: int = 3, tree: TreeBuilder | None = None) -> Method:
+    """A DeepSeek-V3 style multi-token-prediction module chained for ``k`` tokens (or any ``tree``)."""
+    return Method(TreeDrafter(MTPDraftModel(head), tree or Chain(k)), SpeculativeSampling())
+
+
+def _check_version(head: EagleHead, version: int) -> None:
+    if head.config.version != version:
+        raise ValueError(f"this preset needs an EAGLE-{version} head, got EAGLE-{head.config.version}")
 
 
 def from_name(
-    name: str, *, target: torch.nn.Module, draft: torch.nn.Module | None = None, num_draft: int | None = None
+    name: str,
+    *,
+    target: torch.nn.Module,
+    draft: torch.nn.Module | None = None,
+    head: str | None = None,
+    num_draft: int | None = None,
+    exit_layer: int | None = None,
 ) -> Method:
-    """Build the preset called ``name`` (see :data:`NAMES`) for ``target``: what command-line tools use.
+    """Build the preset called ``name`` (see :data:`NAMES`) for ``target``, as command-line tools do.
 
-    ``draft`` is the draft model for ``"leviathan"``; ``num_draft`` overrides the preset's draft length.
-    Raises ``ValueError`` for an unknown name or a missing draft model.
+    ``draft`` is the draft model for ``"leviathan"``; ``head`` a directory saved by a head's
+    ``save_pretrained`` for ``"medusa"``, ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the
+    draft length of chain presets; ``exit_layer`` the early-exit layer (default: half the target's layers).
+    Raises ``ValueError`` for an unknown name or a missing draft model or head.
     """
-    options = {} if num_draft is None else {"num_draft": num_draft}
     if name not in _BY_NAME:
-        raise ValueError(f"unknown method {name!r}; known: {sorted(_BY_NAME)}")
-    return _BY_NAME[name](target=target, draft=draft, **options)
+        raise ValueError(f"unknown method {name!r}; known: {list(NAMES)}")
+    return _BY_NAME[name](_Options(target, draft, head, num_draft, exit_layer))
 
 
-def _leviathan_by_name(*, target, draft, num_draft: int = 4) -> Method:
-    if draft is None:
-        raise ValueError("method 'leviathan' needs a draft model (a small LM with the target's tokenizer)")
-    return leviathan(draft, k=num_draft)
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    target: torch.nn.Module
+    draft: torch.nn.Module | None
+    head: str | None
+    num_draft: int | None
+    exit_layer: int | None
+
+    def require_draft(self, name: str) -> torch.nn.Module:
+        if self.draft is None:
+            raise ValueError(f"method {name!r} needs a draft model (a small LM with the target's tokenizer)")
+        return self.draft
+
+    def require_head(self, name: str) -> str:
+        if self.head is None:
+            raise ValueError(f"method {name!r} needs a trained head: a directory saved with save_pretrained")
+        return self.head
+
+    def length(self, default: int) -> int:
+        return default if self.num_draft is None else self.num_draft
 
 
-def _prompt_lookup_by_name(*, target, draft, num_draft: int = 8) -> Method:
-    return prompt_lookup(num_tokens=num_draft)
+def _early_exit_by_name(o: _Options) -> Method:
+    layer = o.exit_layer if o.exit_layer is not None else num_layers(o.target) // 2
+    return early_exit(o.target, layer, k=o.length(4))
 
 
-_BY_NAME = {"leviathan": _leviathan_by_name, "prompt-lookup": _prompt_lookup_by_name}
-NAMES: tuple[str, ...] = tuple(sorted(_BY_NAME))
+_BY_NAME: dict[str, Callable[[_Options], Method]] = {
+    "leviathan": lambda o: leviathan(o.require_draft("leviathan"), k=o.length(4)),
+    "prompt-lookup": lambda o: prompt_lookup(num_tokens=o.length(8)),
+    "early-exit": _early_exit_by_name,
+    "medusa": lambda o: medusa(MedusaHeads.from_pretrained(o.require_head("medusa"), o.target)),
+    "eagle": lambda o: eagle(EagleHead.from_pretrained(o.require_head("eagle"), o.target)),
+    "eagle3": lambda o: eagle3(EagleHead.from_pretrained(o.require_head("eagle3"), o.target)),
+    "mtp": lambda o: mtp(MTPHead.from_pretrained(o.require_head("mtp"), o.target), k=o.length(3)),
+}
+NAMES: tuple[str, ...] = tuple(_BY_NAME)
 
-__all__ = ["NAMES", "Method", "from_name", "leviathan", "prompt_lookup"]
+__all__ = [
+    "NAMES",
+    "Method",
+    "early_exit",
+    "eagle",
+    "eagle3",
+    "from_name",
+    "leviathan",
+    "medusa",
+    "mtp",
+    "prompt_lookup",
+]

@@ -19,20 +19,20 @@ ARCHITECTURES = ("llama", "qwen2", "gpt2", "gemma3")
 
 
 def tiny_causal_lm(
-    arch: str, seed: int = 0, vocab: int = VOCAB, positions: int = 256, window: int | None = None
+    arch: str, seed: int = 0, vocab: int = VOCAB, positions: int = 256, window: int | None = None, layers: int = 2
 ) -> torch.nn.Module:
-    """A 2-layer random model of ``arch`` with a ``vocab``-token vocabulary, in eval mode.
+    """A ``layers``-layer random model of ``arch`` with a ``vocab``-token vocabulary, in eval mode.
 
     Gemma-3 gets a sliding window of ``window`` (default: ``positions``, so every layer sees everything).
     """
-    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+    common = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=positions,
                   bos_token_id=0, eos_token_id=1, pad_token_id=0)
     configs = {
         "llama": lambda: LlamaForCausalLM(LlamaConfig(**common)),
         "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**common)),
         "gpt2": lambda: GPT2LMHeadModel(GPT2Config(
-            vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=positions,
+            vocab_size=vocab, n_embd=32, n_layer=layers, n_head=4, n_positions=positions,
             bos_token_id=0, eos_token_id=1, pad_token_id=0)),
         "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(**common, head_dim=8, sliding_window=window or positions)),
     }

@@ -82,7 +82,7 @@ def test_prompt_lookup_parity_and_speedup_in_steps():
 def test_prompt_lookup_finds_latest_match():
     ids = torch.tensor([[5, 6, 7, 8, 5, 6, 9, 10, 5, 6]])
     request = DraftRequest(input_ids=ids, sampling=Greedy_sampling(), vocab_size=20, max_depth=3)
-    tree = PromptLookup(max_ngram=2, num_tokens=3).propose(request)
+    tree = PromptLookup(max_ngram=2, num_tokens=3, max_matches=1).propose(request)
     assert tree.tokens.tolist() == [[9, 10, 5]] and tree.parent_list == [-1, 0, 1]
     none = PromptLookup().propose(DraftRequest(input_ids=torch.tensor([[1, 2, 3]]), sampling=Greedy_sampling(),
                                                vocab_size=20, max_depth=3))

@@ -1,5 +1,5 @@
 """Greedy parity on the embedded default model: speculative_generate equals model.generate token for token
-(fp32, 64 new tokens) with prompt lookup and with an independent draft LM (a bf16 copy of the target)."""
+(fp32) with prompt lookup, an independent draft LM (a bf16 copy of the target; chain and dynamic tree), early exit."""
 
 import copy
 
@@ -9,9 +9,9 @@ import torch
 from specprim import speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
 from specprim.cli import chat_input_ids
-from specprim.drafters import ModelDrafter, PromptLookup
+from specprim.drafters import EarlyExit, ModelDrafter, PromptLookup
 from specprim.models import load
-from specprim.trees import Chain
+from specprim.trees import Chain, DynamicTree
 
 pytestmark = pytest.mark.real_model
 
@@ -42,3 +42,15 @@ def test_greedy_parity_on_smollm2(smollm2, prompt):
         out = speculative_generate(model, ids, drafter=drafter, acceptance=rule, max_new_tokens=64,
                                    eos_token_id=tokenizer.eos_token_id)
         assert torch.equal(out.sequences, expected), (drafter, tokenizer.decode(out.sequences[0, ids.shape[1]:]))
+
+
+def test_early_exit_and_tree_drafting_parity_on_smollm2(smollm2):
+    model, tokenizer, draft = smollm2
+    ids = chat_input_ids(tokenizer, PROMPTS[0])
+    expected = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32, do_sample=False,
+                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    drafters = [EarlyExit(model, 24, tree=Chain(2)), ModelDrafter(draft, DynamicTree(depth=4, top_k=2, budget=8))]
+    for drafter in drafters:
+        out = speculative_generate(model, ids, drafter=drafter, acceptance=Greedy(), max_new_tokens=32,
+                                   eos_token_id=tokenizer.eos_token_id)
+        assert torch.equal(out.sequences, expected), drafter

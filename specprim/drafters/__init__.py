@@ -1,8 +1,39 @@
-"""Drafters: propose a DraftTree and keep their own state."""
+"""Drafters: propose a DraftTree and keep their own state.
+
+Model-based drafters are a `TreeDraftModel` (what predicts the next token) plus a tree builder from
+`specprim.trees` (the shape), combined by `TreeDrafter`.
+"""
 
 from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._base import Drafter
+from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
+from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
+from specprim.drafters._early_exit import EarlyExit
+from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHeads, default_medusa_tree
 from specprim.drafters._model import ModelDrafter
+from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
 from specprim.drafters._prompt_lookup import PromptLookup
+from specprim.drafters._tree_drafter import TreeDrafter
 
-__all__ = ["DraftRequest", "Drafter", "ModelDrafter", "PromptLookup", "TargetFeatures"]
+__all__ = [
+    "DraftRequest",
+    "Drafter",
+    "EagleConfig",
+    "EagleDraftModel",
+    "EagleHead",
+    "EagleOutput",
+    "EarlyExit",
+    "MTPConfig",
+    "MTPDraftModel",
+    "MTPHead",
+    "MedusaConfig",
+    "MedusaDraftModel",
+    "MedusaHeads",
+    "ModelDrafter",
+    "PromptLookup",
+    "TargetFeatures",
+    "TreeDrafter",
+    "default_feature_layers",
+    "default_medusa_tree",
+    "eagle_drafter",
+]

@@ -1,5 +1,6 @@
 """Hugging Face integration: tree verification through a model's public forward and KV-cache commit."""
 
+from specprim.hf._draft_lm import LMDraftModel
 from specprim.hf._target import (
     HFTarget,
     check_causal_lm,
@@ -9,13 +10,17 @@ from specprim.hf._target import (
     vocab_size,
 )
 from specprim.hf._tokenizers import check_tokenizers_compatible
+from specprim.hf._truncate import num_layers, truncated_view
 
 __all__ = [
     "HFTarget",
+    "LMDraftModel",
     "check_causal_lm",
     "check_tokenizers_compatible",
     "context_length",
     "input_device",
+    "num_layers",
     "sliding_window",
+    "truncated_view",
     "vocab_size",
 ]

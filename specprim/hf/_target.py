@@ -113,26 +113,39 @@ class HFTarget:
             )
 
     @torch.no_grad()
-    def start(self, input_ids: torch.Tensor) -> None:
-        """Reset the cache and prefill it with ``input_ids[:, :-1]`` (B, T); the last token becomes the root."""
+    def start(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+        """Reset the cache and prefill it with ``input_ids[:, :-1]`` (B, T); the last token becomes the root.
+
+        Returns one (B, T - 1, H) hidden-state tensor per entry of ``feature_layers`` (indices into
+        ``output_hidden_states``); an empty tuple when none are asked for.
+        """
         self.cache = DynamicCache(config=self.model.config)
         self.past_length = 0
         prefix = input_ids[:, :-1].to(self.device)  # (B, T - 1)
+        hidden: tuple[torch.Tensor, ...] = ()
         if prefix.shape[1] > 0:
-            self._forward(prefix, attention_mask=None, position_ids=None)
+            _, hidden = self._forward(prefix, attention_mask=None, position_ids=None, feature_layers=feature_layers)
             self.past_length = prefix.shape[1]
+        elif feature_layers:
+            size = self.model.config.get_text_config().hidden_size
+            hidden = tuple(prefix.new_zeros(prefix.shape[0], 0, size, dtype=self.dtype) for _ in feature_layers)
         self._check_cache_layers()
+        return hidden
 
     @torch.no_grad()
-    def verify(self, root: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    def verify(
+        self, root: torch.Tensor, tree: DraftTree, feature_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """Score ``[root] + tree`` in one forward.
 
         Args:
             root: (B,) long, the last committed token.
             tree: the draft tree (its tokens are moved to the model's device).
+            feature_layers: indices into ``output_hidden_states`` to return.
         Returns:
-            (B, N + 1, V) float32 logits on :attr:`device`; row 0 scores the root's children, row ``i + 1``
-            the children of node ``i``.
+            logits: (B, N + 1, V) float32 on :attr:`device`; row 0 scores the root's children, row ``i + 1``
+                the children of node ``i``.
+            hidden: one (B, N + 1, H) tensor per entry of ``feature_layers`` (row 0 is the root's).
         """
         batch, num_nodes = tree.tokens.shape
         self.check_length(self.past_length + 1 + num_nodes)
@@ -142,8 +155,10 @@ class HFTarget:
         mask = tree_verification_mask(
             tree.parents.cpu(), self.past_length, batch_size=batch, dtype=self.dtype, device=self.device
         )  # (B, 1, 1+N, past+1+N)
-        logits = self._forward(ids, attention_mask=mask, position_ids=positions.expand(batch, -1))
-        return logits.float().to(self.device)
+        logits, hidden = self._forward(
+            ids, attention_mask=mask, position_ids=positions.expand(batch, -1), feature_layers=feature_layers
+        )
+        return logits.float().to(self.device), hidden
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Keep the KV entries of the root and the accepted nodes; drop the other draft nodes.
@@ -178,13 +193,19 @@ class HFTarget:
         self.past_length = tree_start + accepted
 
     def _forward(
-        self, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
-    ) -> torch.Tensor:
+        self,
+        ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        feature_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         kwargs = {self._cache_kwarg: self.cache}
         out = self.model(
-            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True, **kwargs
+            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+            output_hidden_states=bool(feature_layers), **kwargs,
         )
-        return out.logits
+        hidden = tuple(out.hidden_states[i].to(self.device) for i in feature_layers) if feature_layers else ()
+        return out.logits, hidden
 
     def _check_cache_layers(self) -> None:
         assert self.cache is not None

@@ -1,6 +1,7 @@
 """Public testing utilities: honest draft-tree samplers, Monte-Carlo losslessness checks for acceptance
-rules, and hypothesis strategies (``distributions``, ``trees``, ``chains``; importing them needs the
-``hypothesis`` package, the rest needs ``scipy`` only when comparing distributions).
+rules, a toy draft model for tree builders (``TableDraftModel``), and hypothesis strategies
+(``distributions``, ``trees``, ``chains``; importing them needs the ``hypothesis`` package, the rest needs
+``scipy`` only when comparing distributions).
 
 Typical use on your own rule::
 
@@ -26,6 +27,7 @@ from specprim.testing._lossless import (
     emitted_token_distribution,
     sample_emitted_tokens,
 )
+from specprim.testing._tree_models import TableDraftModel
 
 _STRATEGIES = ("chains", "distributions", "trees")
 
@@ -33,6 +35,7 @@ __all__ = [
     "Comparison",
     "ContextTable",
     "LosslessReport",
+    "TableDraftModel",
     "assert_lossless",
     "chains",
     "check_verdict",

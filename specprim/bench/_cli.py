@@ -1,0 +1,85 @@
+"""``specprim bench``: the command line of :func:`specprim.bench.run` and :func:`specprim.bench.run_grid`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from specprim.bench._datasets import DATASETS, DatasetFetchError
+from specprim.bench._run import DTYPES, run
+
+_REQUIRED = ("target", "method", "max_new_tokens")
+
+
+def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``bench`` sub-command to ``specprim``'s sub-parsers and return its parser."""
+    from specprim.bench._methods import method_names
+
+    bench = commands.add_parser(
+        "bench", help="benchmark methods side by side with model.generate (Spec-Bench style)",
+        description="Time every method against plain model.generate on the same prompts, interleaved, and print "
+                    "a markdown table (tau, tokens/s, speedup, identical outputs). See docs/bench.md.",
+    )
+    bench.add_argument("--target", help="target model: a known name, a local path or a hub id")
+    bench.add_argument("--method", action="append", help=f"repeatable; one of {list(method_names())}")
+    source = bench.add_mutually_exclusive_group()
+    source.add_argument("--dataset", choices=sorted(DATASETS), help="a built-in dataset (fetched once, cached)")
+    source.add_argument("--prompts", type=Path, help='a JSONL file of {"prompt": ...} or {"turns": [...]} records')
+    bench.add_argument("--max-new-tokens", type=int)
+    bench.add_argument("--num-prompts", type=int, help="use the first K prompts (default: all)")
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--top-k", type=int)
+    bench.add_argument("--top-p", type=float)
+    bench.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    bench.add_argument("--draft", help="draft model for leviathan and hf-assisted")
+    bench.add_argument("--num-draft", type=int, help="draft tokens per step (default: each method's own)")
+    bench.add_argument("--head", type=Path, help="head directory for medusa, eagle, eagle3, mtp (passed as head=)")
+    bench.add_argument("--exit-layer", type=int, help="layer the early-exit preset drafts from")
+    bench.add_argument("--acceptance", help="replace the presets' acceptance rule: speculative, greedy or typical")
+    bench.add_argument("--repeats", type=int, default=1, help="measure every (prompt, method) R times")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json", type=Path, help="write the results (per-prompt rows, summaries, meta) here")
+    bench.add_argument("--plot", type=Path, help="write speedup.png and acceptance_by_depth.png into this directory")
+    bench.add_argument("--grid", type=Path, help="run an ablation grid from this TOML file instead (see docs)")
+    bench.add_argument("--grid-out", type=Path, help="results JSONL of --grid (default: next to it, .jsonl)")
+    bench.set_defaults(func=bench_command)
+    return bench
+
+
+def bench_command(args: argparse.Namespace) -> int:
+    if args.grid is not None:
+        return _grid_command(args)
+    missing = [f"--{name.replace('_', '-')}" for name in _REQUIRED if getattr(args, name) is None]
+    if args.dataset is None and args.prompts is None:
+        missing.append("--dataset or --prompts")
+    if missing:
+        raise SystemExit(f"specprim bench: missing {', '.join(missing)}")
+    try:
+        results = run(
+            target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
+            num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, draft=args.draft, num_draft=args.num_draft,
+            head=args.head, exit_layer=args.exit_layer, acceptance=args.acceptance, repeats=args.repeats,
+            seed=args.seed, json_path=args.json,
+            plot_dir=args.plot, progress=sys.stderr.isatty(),
+        )
+    except (ValueError, DatasetFetchError) as error:
+        raise SystemExit(f"specprim bench: {error}") from error
+    print(results.markdown())
+    print(f"\ncommand: {results.meta['command_line']}")
+    return 0
+
+
+def _grid_command(args: argparse.Namespace) -> int:
+    from specprim.bench._grid import run_grid
+    from specprim.bench._report import grid_table
+
+    out = args.grid_out or args.grid.with_suffix(".jsonl")
+    try:
+        records = run_grid(args.grid, out)
+    except (ValueError, DatasetFetchError) as error:
+        raise SystemExit(f"specprim bench --grid: {error}") from error
+    print(grid_table(records))
+    print(f"\nresults: {out}")
+    return 0

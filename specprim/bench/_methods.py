@@ -1,0 +1,216 @@
+"""The methods a benchmark compares: Hugging Face ``generate`` modes and every specprim preset, by name.
+
+A name maps to a factory (no flag dispatch): ``hf``, ``hf-prompt-lookup`` and ``hf-assisted`` build
+:class:`HFGenerate` with fixed keyword arguments; every name in :data:`specprim.presets.NAMES` builds
+:class:`SpecprimGenerate` around ``presets.from_name``. New presets appear without edits here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import torch
+
+from specprim import presets
+from specprim._stats import GenerationStats
+from specprim.acceptance import Greedy, SpeculativeSampling, TypicalAcceptance
+from specprim.hf import input_device
+
+BASELINE = "hf"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Decoding:
+    """How every method of a run decodes. ``temperature == 0`` is greedy."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    eos_token_id: int | Sequence[int] | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Generation:
+    """One generation: ``new_ids`` (n,) long on the CPU, the tokens after the prompt; ``stats`` the per-step
+    record, or ``None`` for methods that do not expose one (Hugging Face's)."""
+
+    new_ids: torch.Tensor
+    stats: GenerationStats | None
+
+
+class BenchMethod(Protocol):
+    """Something the harness can time: one prompt in, its continuation out.
+
+    ``draft_modules`` are the modules the method adds to the target (a draft model, heads); the harness counts
+    their parameters that the target does not share.
+    """
+
+    @property
+    def draft_modules(self) -> tuple[torch.nn.Module, ...]: ...
+
+    def generate(self, input_ids: torch.Tensor, decoding: Decoding, seed: int) -> Generation:
+        """``input_ids`` (1, T) long -> the continuation; ``seed`` seeds all randomness of this call."""
+        ...
+
+
+def _sampling_kwargs(decoding: Decoding) -> dict[str, Any]:
+    if decoding.greedy:
+        return {"do_sample": False}
+    return {"do_sample": True, "temperature": decoding.temperature, "top_k": decoding.top_k or 0,
+            "top_p": decoding.top_p or 1.0}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HFGenerate:
+    """``model.generate`` with the fixed extra keyword arguments ``options`` (none: plain decoding).
+
+    Sampling uses the global torch RNG, seeded with ``seed`` before the call; ``pad_token_id`` is the EOS id.
+    """
+
+    model: torch.nn.Module
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    draft_modules: tuple[torch.nn.Module, ...] = ()
+
+    def __repr__(self) -> str:
+        shown = {k: type(v).__name__ if isinstance(v, torch.nn.Module) else v for k, v in self.options.items()}
+        return f"HFGenerate({type(self.model).__name__}.generate, options={shown})"
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, decoding: Decoding, seed: int) -> Generation:
+        ids = input_ids.to(input_device(self.model))
+        eos = decoding.eos_token_id
+        pad = eos if eos is None or isinstance(eos, int) else list(eos)[0]
+        if not decoding.greedy:
+            torch.manual_seed(seed)
+        out = self.model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=decoding.max_new_tokens,
+            eos_token_id=eos, pad_token_id=pad, **_sampling_kwargs(decoding), **self.options,
+        )
+        return Generation(new_ids=out[0, ids.shape[1]:].cpu(), stats=None)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SpecprimGenerate:
+    """:func:`specprim.speculative_generate` with a preset's drafter and acceptance rule.
+
+    The same ``method`` (and so the same drafter object) serves every prompt of a run: drafters keep no
+    state that a new prompt must reset (``ModelDrafter`` reuses its cache by longest common prefix).
+    """
+
+    target: torch.nn.Module = dataclasses.field(repr=False)
+    method: presets.Method
+
+    @property
+    def draft_modules(self) -> tuple[torch.nn.Module, ...]:
+        return modules_of(self.method.drafter)
+
+    def generate(self, input_ids: torch.Tensor, decoding: Decoding, seed: int) -> Generation:
+        generator = torch.Generator(device=input_device(self.target)).manual_seed(seed)
+        out = self.method.generate(
+            self.target, input_ids, max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
+            top_k=decoding.top_k, top_p=decoding.top_p, eos_token_id=decoding.eos_token_id, generator=generator,
+        )
+        return Generation(new_ids=out.sequences[0, input_ids.shape[1]:].cpu(), stats=out.stats)
+
+
+def modules_of(obj: object, depth: int = 3) -> tuple[torch.nn.Module, ...]:
+    """The ``torch.nn.Module`` objects held by ``obj``'s attributes, searched ``depth`` levels deep
+    (a drafter's draft model, heads, or a draft model inside a tree builder), each once."""
+    found: dict[int, torch.nn.Module] = {}
+
+    def visit(value: object, level: int) -> None:
+        if isinstance(value, torch.nn.Module):
+            found.setdefault(id(value), value)
+        elif level > 0 and isinstance(value, (list, tuple)):
+            for item in value:
+                visit(item, level - 1)
+        elif level > 0 and hasattr(value, "__dict__") and not isinstance(value, type):
+            for item in vars(value).values():
+                visit(item, level - 1)
+
+    visit(obj, depth)
+    return tuple(found.values())
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MethodContext:
+    """What a method factory may use.
+
+    Attributes:
+        target: the target model.
+        draft: the draft model (``--draft``), or ``None``.
+        num_draft: draft tokens per step (``--num-draft``), or ``None`` for each method's default.
+        acceptance: a name from :data:`ACCEPTANCE` replacing the preset's rule, or ``None``.
+        preset_options: extra keyword arguments for ``presets.from_name`` (e.g. ``{"head": path}``); passed only
+            when non-empty, so presets that take none keep working.
+    """
+
+    target: torch.nn.Module
+    draft: torch.nn.Module | None = None
+    num_draft: int | None = None
+    acceptance: str | None = None
+    preset_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+ACCEPTANCE: Mapping[str, Callable[[], Any]] = MappingProxyType({
+    "speculative": SpeculativeSampling, "greedy": Greedy, "typical": TypicalAcceptance,
+})
+"""Acceptance rules an ablation can swap in by name."""
+
+HF_PROMPT_LOOKUP_TOKENS = 8  # specprim's PromptLookup default, so both prompt-lookup rows draft alike
+
+
+def _hf(context: MethodContext) -> BenchMethod:
+    return HFGenerate(model=context.target)
+
+
+def _hf_prompt_lookup(context: MethodContext) -> BenchMethod:
+    tokens = context.num_draft or HF_PROMPT_LOOKUP_TOKENS
+    return HFGenerate(model=context.target, options={"prompt_lookup_num_tokens": tokens})
+
+
+def _hf_assisted(context: MethodContext) -> BenchMethod:
+    if context.draft is None:
+        raise ValueError("method 'hf-assisted' needs a draft model (--draft)")
+    options: dict[str, Any] = {"assistant_model": context.draft}
+    if context.num_draft is not None:
+        options.update(num_assistant_tokens=context.num_draft, num_assistant_tokens_schedule="constant")
+    return HFGenerate(model=context.target, options=options, draft_modules=(context.draft,))
+
+
+HF_METHODS: Mapping[str, Callable[[MethodContext], BenchMethod]] = MappingProxyType({
+    BASELINE: _hf, "hf-prompt-lookup": _hf_prompt_lookup, "hf-assisted": _hf_assisted,
+})
+
+
+def method_names() -> tuple[str, ...]:
+    """Every method name: the Hugging Face modes, then ``specprim.presets.NAMES`` as it is now."""
+    return (*HF_METHODS, *presets.NAMES)
+
+
+def build_method(name: str, context: MethodContext) -> BenchMethod:
+    """The method called ``name`` for ``context``. Raises ``ValueError`` for an unknown name, a missing draft
+    model or head, and an unknown acceptance rule."""
+    if name in HF_METHODS:
+        return HF_METHODS[name](context)
+    if name not in presets.NAMES:
+        raise ValueError(f"unknown method {name!r}; known: {list(method_names())}")
+    try:
+        method = presets.from_name(
+            name, target=context.target, draft=context.draft, num_draft=context.num_draft, **context.preset_options
+        )
+    except TypeError as error:  # a preset that takes none of preset_options
+        raise ValueError(f"preset {name!r} does not take {sorted(context.preset_options)}: {error}") from error
+    if context.acceptance is not None:
+        if context.acceptance not in ACCEPTANCE:
+            raise ValueError(f"unknown acceptance rule {context.acceptance!r}; known: {sorted(ACCEPTANCE)}")
+        method = dataclasses.replace(method, acceptance=ACCEPTANCE[context.acceptance]())
+    return SpecprimGenerate(target=context.target, method=method)

@@ -1,0 +1,161 @@
+"""``specprim.bench.run``: load the models and prompts, build the methods, measure, write JSON and plots."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specprim import models, presets
+from specprim.bench._datasets import load_dataset
+from specprim.bench._env import environment, load_average
+from specprim.bench._memory import PeakMemory
+from specprim.bench._methods import BASELINE, BenchMethod, Decoding, MethodContext, SpecprimGenerate, build_method
+from specprim.bench._plots import write_plots
+from specprim.bench._prompts import Prompt, read_prompts
+from specprim.bench._report import heading
+from specprim.bench._results import BenchResults
+from specprim.bench._runner import SEED_STRIDE, measure
+from specprim.hf import check_tokenizers_compatible, input_device
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+Model = torch.nn.Module
+
+
+def _load(model: str | os.PathLike[str] | Model, dtype: str) -> tuple[Model, Any]:
+    if isinstance(model, Model):
+        return model, None
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    return models.load(model, dtype=DTYPES[dtype])
+
+
+def resolve_prompts(dataset: str | None, prompts: str | os.PathLike[str] | Sequence[Prompt | str] | None,
+             num_prompts: int | None) -> tuple[list[Prompt], str]:
+    """The prompts and the dataset label of a run: a built-in dataset, a JSONL file, or a list."""
+    if (dataset is None) == (prompts is None):
+        raise ValueError("pass exactly one of dataset= (a built-in name) or prompts= (a JSONL path or a list)")
+    if dataset is not None:
+        return load_dataset(dataset, num_prompts), dataset
+    if isinstance(prompts, (str, os.PathLike)):
+        return read_prompts(prompts)[:num_prompts], Path(prompts).stem
+    items = [p if isinstance(p, Prompt) else Prompt(id=str(i), turns=(p,)) for i, p in enumerate(prompts)]
+    if not items:
+        raise ValueError("the prompts list is empty")
+    return items[:num_prompts], "custom"
+
+
+def _methods(names: Sequence[str], context: MethodContext,
+             custom: Mapping[str, BenchMethod | presets.Method]) -> dict[str, BenchMethod]:
+    """``hf`` first, then the named methods and the ``custom`` ones, each once, in the given order."""
+    built: dict[str, BenchMethod] = {}
+    for name in [BASELINE, *names]:
+        if name not in built and name not in custom:
+            built[name] = build_method(name, context)
+    for name, method in custom.items():
+        built[name] = SpecprimGenerate(target=context.target, method=method) if isinstance(
+            method, presets.Method) else method
+    return built
+
+
+def run(
+    *,
+    target: str | os.PathLike[str] | Model,
+    methods: Sequence[str],
+    max_new_tokens: int,
+    dataset: str | None = None,
+    prompts: str | os.PathLike[str] | Sequence[Prompt | str] | None = None,
+    num_prompts: int | None = None,
+    tokenizer: Any = None,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    dtype: str = "float32",
+    draft: str | os.PathLike[str] | Model | None = None,
+    num_draft: int | None = None,
+    head: str | os.PathLike[str] | None = None,
+    exit_layer: int | None = None,
+    acceptance: str | None = None,
+    repeats: int = 1,
+    seed: int = 0,
+    custom: Mapping[str, BenchMethod | presets.Method] | None = None,
+    json_path: str | os.PathLike[str] | None = None,
+    plot_dir: str | os.PathLike[str] | None = None,
+    warmup_tokens: int = 8,
+    progress: bool = False,
+    argv: Sequence[str] | None = None,
+) -> BenchResults:
+    """Benchmark ``methods`` against plain ``model.generate`` (``hf``, always measured first) on one target.
+
+    Args:
+        target: a name for :func:`specprim.models.load`, a path, or a loaded model (then pass ``tokenizer``).
+        methods: names from :func:`specprim.bench.method_names` (``hf``, ``hf-prompt-lookup``, ``hf-assisted``,
+            every specprim preset).
+        dataset / prompts: a built-in dataset name (``mt-bench``, ``humaneval``, ``gsm``), or a JSONL file of
+            ``{"prompt": ...}`` / ``{"turns": [...]}`` records or a list of :class:`Prompt` or strings.
+        num_prompts: use the first ``num_prompts`` prompts (default: all).
+        draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
+        num_draft, head, exit_layer, acceptance: the preset's draft length; a head checkpoint directory and an
+            early-exit layer passed to ``presets.from_name`` as ``head=`` / ``exit_layer=`` (only when given);
+            an acceptance rule name replacing the preset's (see ``ACCEPTANCE``).
+        repeats: times every (prompt, method) pair is measured; ``seed`` seeds everything (see ``SEED_STRIDE``).
+        custom: extra methods by label, a :class:`specprim.presets.Method` or any :class:`BenchMethod`.
+        json_path / plot_dir: where to write the JSON results and the PNG plots, if given.
+        argv: the command to record (default ``sys.argv``).
+
+    Returns the :class:`BenchResults`. Raises ``ValueError`` for bad arguments, an unknown method or dataset, or a
+    method missing its draft model; :class:`DatasetFetchError` when a built-in dataset cannot be fetched.
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    torch.manual_seed(seed)
+    prompt_list, label = resolve_prompts(dataset, prompts, num_prompts)
+    model, loaded_tokenizer = _load(target, dtype)
+    tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
+    if tokenizer is None:
+        raise ValueError("pass tokenizer= with a loaded target model")
+    draft_model = None
+    if draft is not None:
+        draft_model, draft_tokenizer = _load(draft, dtype)
+        if draft_tokenizer is not None:
+            check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    options = {key: value for key, value in (("head", None if head is None else str(head)),
+                                              ("exit_layer", exit_layer)) if value is not None}
+    context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
+                            preset_options=options)
+    method_map = _methods(methods, context, custom or {})
+    decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                        eos_token_id=tokenizer.eos_token_id)
+    load_before = load_average()
+    rows, summaries = measure(target=model, tokenizer=tokenizer, prompts=prompt_list, methods=method_map,
+                              decoding=decoding, dataset=label, repeats=repeats, seed=seed,
+                              warmup_tokens=warmup_tokens, progress=progress)
+    settings = {
+        "target": str(target) if not isinstance(target, Model) else type(target).__name__,
+        "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
+        "device": str(input_device(model)), "dataset": label, "num_prompts": len(prompt_list),
+        "prompt_ids": [p.id for p in prompt_list], "methods": list(method_map), "max_new_tokens": max_new_tokens,
+        "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,
+        "draft": None if draft is None else (str(draft) if not isinstance(draft, Model) else type(draft).__name__),
+        "num_draft": num_draft, "head": None if head is None else str(head), "exit_layer": exit_layer,
+        "acceptance": acceptance,
+        "warmup_tokens": warmup_tokens, "eos_token_id": tokenizer.eos_token_id,
+    }
+    meta = {
+        **environment(list(argv) if argv is not None else None), "settings": settings,
+        "seeds": {"seed": seed, "rule": f"seed + {SEED_STRIDE} * prompt_index + 101 * repeat + turn"},
+        "load_average": {"before": load_before, "after": load_average()},
+        "memory_probe": PeakMemory(input_device(model)).method,
+        "method_reprs": {name: repr(method) for name, method in method_map.items()},
+    }
+    results = BenchResults(results=tuple(summaries), prompts=tuple(rows), meta=meta)
+    if json_path is not None:
+        results.write_json(json_path)
+    if plot_dir is not None:
+        write_plots(results.results, plot_dir, title=heading(meta))
+    return results
