@@ -182,6 +182,30 @@ def test_chain_q_contract_detects_a_wrong_q():
     assert _chi_square_p(tree.tokens[:, 0], wrong) < 1e-6
 
 
+def test_static_tree_without_replacement_q_contract():
+    """20k batched proposals of three siblings drawn without replacement: the first follows q row 0, the second
+    given the first follows q with the first removed and renormalised; the tree declares its scheme and q."""
+    vocab, trials = 5, 20_000
+    model = TableDraftModel(vocab, seed=4, logit_scale=1.0)
+    tree_shape = StaticTree(paths=((0,), (1,), (2,), (0, 0)), sample_without_replacement=True)
+    tree = tree_shape.build(model, request([[1, 2]] * trials, vocab, 2, SamplingConfig(temperature=1.0), seed=5))
+    assert tree.sampling == "without_replacement"
+    q0 = tree.q[0, 0]
+    siblings = tree.tokens[:, :3]  # (trials, 3)
+    assert (siblings[:, 0] != siblings[:, 1]).all() and (siblings[:, 1] != siblings[:, 2]).all()
+    assert _chi_square_p(siblings[:, 0], q0) > 1e-3
+    for token in range(vocab):
+        rows = siblings[:, 0] == token
+        if int(rows.sum()) < 500:
+            continue
+        remaining = q0.clone()
+        remaining[token] = 0
+        assert _chi_square_p(siblings[rows, 1], remaining / remaining.sum()) > 1e-3
+    assert tree.q[:, 4].abs().sum() == 0  # leaf rows are zero
+    greedy = tree_shape.build(model, request([[1, 2]], vocab, 2, SamplingConfig(), seed=5))
+    assert greedy.sampling == "deterministic" and greedy.q is None
+
+
 def _chi_square_p(samples: torch.Tensor, probs: torch.Tensor) -> float:
     counts = torch.bincount(samples, minlength=probs.shape[0]).double()
     support = probs > 0

@@ -32,12 +32,19 @@ class StaticTree:
 
     ``build`` grows the tree depth by depth: the top-k of every node of depth ``d - 1`` gives the nodes of depth
     ``d``, then **one** batched ``extend`` adds all depth-``d`` nodes that have children. Paths longer than
-    ``request.max_depth`` are dropped. The choice is deterministic for greedy and sampling alike:
+    ``request.max_depth`` are dropped. By default the choice is deterministic for greedy and sampling alike:
     ``sampling="deterministic"``, ``q=None`` (lossless under ``SpeculativeSampling``'s deterministic rule).
     Siblings have distinct ranks, hence distinct tokens.
+
+    With ``sample_without_replacement=True`` and a sampling (non-greedy) request, rank ``r`` is instead the
+    ``r``-th token *drawn without replacement* from the node's transformed distribution (Gumbel-top-k with
+    ``request.generator``, which orders tokens exactly as sequential draws without replacement do), and the tree
+    declares ``sampling="without_replacement"`` with those distributions as ``q`` (rows of leaves are zero).
+    Ranks beyond a row's support get zero-probability tokens, which verification skips.
     """
 
     paths: tuple[Path, ...]
+    sample_without_replacement: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "paths", _validated_paths(self.paths))
@@ -90,10 +97,17 @@ class StaticTree:
         row_logits = model.begin(request)[:, None]  # (B, P, V): children's logits of P parents, here the root
         row_of: dict[Path, int] = {(): 0}  # parent path -> its row in row_logits
         tokens: list[torch.Tensor] = []  # per depth: (B, n_d)
+        sampled = self.sample_without_replacement and not request.sampling.is_greedy
+        q_of: dict[Path, torch.Tensor] = {}  # parent path -> (B, V) the distribution its children were drawn from
         depth = max(len(path) for path in paths)
         for d in range(1, depth + 1):
             level = [path for path in paths if len(path) == d]  # already sorted
-            tokens_d = self._children(row_logits, row_of, level, request)  # (B, n_d)
+            if sampled:
+                probs = request.sampling.probs(row_logits)  # (B, P, V)
+                q_of.update({parent: probs[:, row] for parent, row in row_of.items()})
+                tokens_d = self._drawn_children(probs, row_of, level, request.generator)  # (B, n_d)
+            else:
+                tokens_d = self._children(row_logits, row_of, level, request)  # (B, n_d)
             tokens.append(tokens_d)
             grow = [i for i, path in enumerate(level) if path in internal]
             if not grow:
@@ -105,7 +119,22 @@ class StaticTree:
             row_logits = model.extend(parents, tokens_d[:, grow])  # (B, M, V)
             row_of = {level[i]: row for row, i in enumerate(grow)}
         parent_ids = torch.tensor([index.get(path[:-1], -1) for path in paths], dtype=torch.long)  # (N,)
-        return DraftTree(tokens=torch.cat(tokens, dim=1), parents=parent_ids, sampling="deterministic")
+        all_tokens = torch.cat(tokens, dim=1)  # (B, N)
+        if not sampled:
+            return DraftTree(tokens=all_tokens, parents=parent_ids, sampling="deterministic")
+        zeros = torch.zeros_like(q_of[()])
+        q = torch.stack([q_of[()]] + [q_of.get(path, zeros) for path in paths], dim=1)  # (B, N + 1, V)
+        return DraftTree(tokens=all_tokens, parents=parent_ids, q=q, sampling="without_replacement")
+
+    @staticmethod
+    def _drawn_children(
+        probs: torch.Tensor, row_of: dict[Path, int], level: list[Path], generator: torch.Generator | None
+    ) -> torch.Tensor:
+        """Tokens (B, n) of the nodes of ``level``: draw ``path[-1]`` of its parent's distribution, drawn without
+        replacement. Gumbel-top-k: sorting ``log q + Gumbel noise`` gives the order of sequential draws."""
+        uniform = torch.rand(probs.shape, generator=generator, device=probs.device).clamp_min(1e-20)
+        keys = probs.log() - (-uniform.log()).log()  # (B, P, V), -inf where q == 0
+        return _pick(keys, row_of, level)
 
     @staticmethod
     def _children(
@@ -113,11 +142,16 @@ class StaticTree:
     ) -> torch.Tensor:
         """Tokens (B, n) of the ``n`` nodes of ``level``: rank ``path[-1]`` of their parent's row."""
         scores = row_logits.float() if request.sampling.is_greedy else request.sampling.probs(row_logits)
-        width = 1 + max(path[-1] for path in level)
-        ranked = scores.topk(width, dim=-1).indices  # (B, P, width)
-        rows = torch.tensor([row_of[path[:-1]] for path in level], device=ranked.device)  # (n,)
-        ranks = torch.tensor([path[-1] for path in level], device=ranked.device)  # (n,)
-        return ranked[:, rows, ranks]  # (B, n)
+        return _pick(scores, row_of, level)
+
+
+def _pick(scores: torch.Tensor, row_of: dict[Path, int], level: list[Path]) -> torch.Tensor:
+    """(B, P, V) scores of P parents -> (B, n) tokens: node ``path`` gets rank ``path[-1]`` of its parent's row."""
+    width = 1 + max(path[-1] for path in level)
+    ranked = scores.topk(width, dim=-1).indices  # (B, P, width), best first
+    rows = torch.tensor([row_of[path[:-1]] for path in level], device=ranked.device)  # (n,)
+    ranks = torch.tensor([path[-1] for path in level], device=ranked.device)  # (n,)
+    return ranked[:, rows, ranks]  # (B, n)
 
 
 def _is_int(value: object) -> bool:
