@@ -4,9 +4,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specprim.masks import (
+    additive_mask,
     from_edges,
     topological_order,
     tree_attention_mask,
+    tree_extension_mask,
     tree_position_ids,
     tree_verification_mask,
 )
@@ -104,3 +106,19 @@ def test_verification_mask(parents, past):
     assert torch.equal(allowed[1:, past + 1 :], tree_attention_mask(parents))
     blocked = mask[0, 0][~allowed]
     assert (blocked == torch.finfo(torch.float32).min).all()
+
+
+@given(parent_lists(max_nodes=8), st.integers(0, 5), st.integers(0, 4))
+def test_extension_mask_rows_of_the_newest_nodes(parents, context, new):
+    new = min(new, len(parents))
+    allowed = tree_extension_mask(parents, new, context)
+    assert allowed.shape == (new, context + len(parents))
+    assert allowed[:, :context].all()
+    assert torch.equal(allowed[:, context:], tree_attention_mask(parents)[len(parents) - new :])
+
+
+def test_additive_mask_values_and_shape():
+    allowed = torch.tensor([[True, False], [True, True]])
+    mask = additive_mask(allowed, batch_size=3, dtype=torch.bfloat16)
+    assert mask.shape == (3, 1, 2, 2) and mask.dtype == torch.bfloat16
+    assert mask[0, 0, 0, 0] == 0 and mask[0, 0, 0, 1] == torch.finfo(torch.bfloat16).min

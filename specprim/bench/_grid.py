@@ -33,11 +33,6 @@ from typing import Any
 from specprim.bench._env import environment
 from specprim.bench._results import finite
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class GridCell:
@@ -97,7 +92,14 @@ def grid_cells(config: Mapping[str, Any]) -> list[GridCell]:
 
 
 def load_grid(path: str | os.PathLike[str]) -> list[GridCell]:
-    """:func:`grid_cells` of a TOML file."""
+    """:func:`grid_cells` of a TOML file (``tomllib``; on Python 3.10 the ``tomli`` package)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover - Python 3.10
+        try:
+            import tomli as tomllib
+        except ImportError as error:
+            raise ImportError("TOML grids on Python 3.10 need tomli: pip install tomli") from error
     with open(path, "rb") as file:
         return grid_cells(tomllib.load(file))
 

@@ -9,7 +9,7 @@ from transformers import DynamicCache, PreTrainedModel
 from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._eagle_head import EagleHead
 from specprim.drafters._tree_drafter import TreeDrafter
-from specprim.masks import tree_attention_mask
+from specprim.masks import additive_mask, tree_extension_mask
 from specprim.trees import TreeBuilder
 
 __all__ = ["EagleDraftModel", "eagle_drafter"]
@@ -136,12 +136,10 @@ class EagleDraftModel:
 
     def _scratch_mask(self, before: int) -> torch.Tensor:
         """(B, 1, M, context + S) additive mask of the new nodes: every context pair, scratch ancestors-or-self."""
-        scratch = tree_attention_mask(self._scratch_parents)[before:]  # (M, S)
-        context = torch.ones(scratch.shape[0], self._context, dtype=torch.bool)
-        allowed = torch.cat([context, scratch], dim=1)  # (M, context + S)
-        dtype = self.head.fc.weight.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-        return mask.to(self._device).expand(self._last.shape[0], 1, *allowed.shape)
+        new = len(self._scratch_parents) - before
+        allowed = tree_extension_mask(self._scratch_parents, new, self._context)  # (M, context + S)
+        return additive_mask(allowed, batch_size=self._last.shape[0], dtype=self.head.fc.weight.dtype,
+                             device=self._device)
 
 
 def eagle_drafter(head: EagleHead, tree: TreeBuilder | None = None) -> TreeDrafter:

@@ -35,6 +35,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specprim.drafters._checkpoint import load_head, save_head
 from specprim.drafters._vocab import check_d2t, draft_vocab, scatter_to_target
+from specprim.masks import additive_mask
 from specprim.trees import DynamicTree
 
 __all__ = ["EagleConfig", "EagleHead", "EagleOutput", "default_feature_layers"]
@@ -373,8 +374,7 @@ def causal_mask(
 ) -> torch.Tensor:
     """(1, 1, T, past + T) additive mask: query ``i`` sees every cached entry and new entries ``<= i``."""
     allowed = torch.ones(length, past + length, dtype=torch.bool).tril(diagonal=past)
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return additive_mask(allowed, dtype=dtype, device=device)
 
 
 def _target_dims(target: nn.Module) -> tuple[int, int]:

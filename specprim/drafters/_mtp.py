@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from specprim._types import DraftRequest
 from specprim.drafters._checkpoint import check_target, load_head, save_head, target_dimensions
 from specprim.hf._target import _cache_kwarg
+from specprim.masks import additive_mask
 
 __all__ = ["MTPConfig", "MTPDraftModel", "MTPHead"]
 
@@ -189,12 +190,6 @@ class MTPHead(nn.Module):
         return head(hidden).float()
 
 
-def _additive_mask(allowed: torch.Tensor, batch: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """(Q, K) bool -> (B, 1, Q, K) additive mask: 0 where allowed, the dtype's minimum elsewhere."""
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return mask.to(device).expand(batch, 1, *allowed.shape)
-
-
 class MTPDraftModel:
     """`MTPHead` as a `TreeDraftModel` with its own KV cache (pair it with ``Chain(3)`` or a `DynamicTree`).
 
@@ -283,7 +278,7 @@ class MTPDraftModel:
         """Append ``M`` slots to the cache: ``allowed`` (M, past + M) bool says which slots each one sees."""
         device, dtype = self.head.proj.weight.device, self.head.proj.weight.dtype
         batch = hidden.shape[0]
-        mask = _additive_mask(allowed, batch, dtype, device)  # (B, 1, M, past + M)
+        mask = additive_mask(allowed, batch_size=batch, dtype=dtype, device=device)  # (B, 1, M, past + M)
         return self.head(
             hidden.to(device), next_tokens.to(device), position_ids=positions.to(device).expand(batch, -1),
             attention_mask=mask, cache=self._cache,

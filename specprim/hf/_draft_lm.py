@@ -8,7 +8,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specprim._types import DraftRequest
 from specprim.hf._target import _cache_kwarg, check_causal_lm, input_device, vocab_size
-from specprim.masks import tree_attention_mask
+from specprim.masks import additive_mask, tree_extension_mask
 
 
 class LMDraftModel:
@@ -77,13 +77,11 @@ class LMDraftModel:
             self._scratch_depths.append(1 if parent == -1 else self._scratch_depths[parent] + 1)
             self._scratch_parents.append(parent)
         context = len(self._committed)  # committed tokens, root included
-        scratch = tree_attention_mask(self._scratch_parents)[before:]  # (M, S + M)
-        allowed = torch.cat([torch.ones(len(new_parents), context, dtype=torch.bool), scratch], dim=1)
-        dtype = self.model.get_input_embeddings().weight.dtype
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
+        allowed = tree_extension_mask(self._scratch_parents, len(new_parents), context)  # (M, context + S)
+        mask = additive_mask(allowed, dtype=self.model.get_input_embeddings().weight.dtype, device=self.device)
         depths = torch.tensor(self._scratch_depths[before:], dtype=torch.long)
         positions = (context - 1 + depths)[None].to(self.device)  # (1, M) root position + depth
-        logits = self._forward(tokens[0].to(self.device), mask[None, None].to(self.device), positions)
+        logits = self._forward(tokens[0].to(self.device), mask, positions)
         return self._to_target_vocab(logits)  # (1, M, V)
 
     def _drop_scratch(self) -> None:

@@ -132,6 +132,32 @@ def _check_acyclic(parent_of: dict[int, int]) -> None:
             node = parent_of[node]
 
 
+def additive_mask(
+    allowed: torch.Tensor,
+    *,
+    batch_size: int = 1,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """(Q, K) bool -> (B, 1, Q, K) additive mask of ``dtype``: ``0`` where allowed, the dtype's most negative
+    value elsewhere. An additive float mask works with both the eager and the SDPA attention of Hugging Face
+    models, which pass a 4D mask through unchanged."""
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed.cpu(), torch.finfo(dtype).min)
+    mask = mask if device is None else mask.to(device)
+    return mask.expand(batch_size, 1, *allowed.shape)
+
+
+def tree_extension_mask(parents: ParentsLike, num_new: int, context_length: int) -> torch.Tensor:
+    """(M, C + S) bool mask for the last ``num_new`` (``M``) nodes of a scratch tree of ``S`` nodes, appended
+    after ``C`` context tokens: each new node sees the whole context and its ancestors-or-self in the tree."""
+    tree = tree_attention_mask(parents, device="cpu")[tree_size(parents) - num_new :]  # (M, S)
+    return torch.cat([torch.ones(num_new, context_length, dtype=torch.bool), tree], dim=1)
+
+
+def tree_size(parents: ParentsLike) -> int:
+    return parents.shape[0] if isinstance(parents, torch.Tensor) else len(parents)
+
+
 def tree_verification_mask(
     parents: ParentsLike,
     past_length: int,
@@ -142,15 +168,12 @@ def tree_verification_mask(
 ) -> torch.Tensor:
     """Model-ready additive 4D mask for one forward over ``[root] + tree`` after ``past_length`` cached tokens.
 
-    Returns a (B, 1, 1 + N, past_length + 1 + N) tensor of ``dtype``: ``0`` where a query may attend and the
-    dtype's most negative value elsewhere. Every query sees the whole prefix and the root; node ``i`` also sees
-    its ancestors-or-self; the root sees no draft node. An additive float mask works with both the eager and
-    the SDPA attention of Hugging Face models.
+    Returns a (B, 1, 1 + N, past_length + 1 + N) tensor of ``dtype`` (see :func:`additive_mask`). Every query
+    sees the whole prefix and the root; node ``i`` also sees its ancestors-or-self; the root sees no draft node.
     """
     tree = tree_attention_mask(parents, device="cpu")  # (N, N)
     num_nodes = tree.shape[0]
     allowed = torch.zeros(1 + num_nodes, past_length + 1 + num_nodes, dtype=torch.bool)
     allowed[:, : past_length + 1] = True  # prefix and root
     allowed[1:, past_length + 1 :] = tree
-    additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill(~allowed, torch.finfo(dtype).min)
-    return additive.to(device).expand(batch_size, 1, *allowed.shape)
+    return additive_mask(allowed, batch_size=batch_size, dtype=dtype, device=device)
