@@ -173,7 +173,6 @@ def test_divergence_within_bf16_rounding_is_numerical_otherwise_a_disagreement()
 
 
 def test_plots_are_written(target, tokenizer, tmp_path):
-    pytest.importorskip("matplotlib")
     results = bench.run(target=target, tokenizer=tokenizer, methods=["prompt-lookup"], prompts=["w3 w4 w3 w4"],
                         max_new_tokens=6, plot_dir=tmp_path)
     for name in ("speedup.png", "acceptance_by_depth.png"):

@@ -9,9 +9,9 @@ import pytest
 import torch
 from _tiny import tiny_causal_lm
 
-from specprim import speculative_generate
+from specprim import DraftTree, speculative_generate
 from specprim.acceptance import SpeculativeSampling
-from specprim.bench import record_greedy, replay
+from specprim.bench import Prompt, record_greedy, record_prompts, replay
 from specprim.drafters import ModelDrafter, PromptLookup
 from specprim.trees import Chain
 
@@ -34,10 +34,28 @@ def draft(target):
     return model
 
 
+@dataclasses.dataclass
+class TopTwoTree:
+    """Drafts a 4-node tree with a small LM: its top-2 tokens at the root, then its argmax after each of them."""
+
+    model: torch.nn.Module
+
+    @torch.no_grad()
+    def propose(self, request):
+        ids = request.input_ids
+        top2 = self.model(input_ids=ids).logits[0, -1].topk(2).indices  # (2,)
+        after = [self.model(input_ids=torch.cat([ids, t.view(1, 1)], 1)).logits[0, -1].argmax() for t in top2]
+        return DraftTree(tokens=torch.stack([*top2, *after])[None], parents=torch.tensor([-1, -1, 0, 1]))
+
+    def observe(self, verdict):
+        pass
+
+
 def _drafters(draft):
     return {
         "prompt-lookup": lambda: PromptLookup(num_tokens=4),
         "model-chain-3": lambda: ModelDrafter(draft, tree=Chain(3)),
+        "model-tree": lambda: TopTwoTree(draft),
     }
 
 
@@ -49,7 +67,7 @@ def _same_steps(live, replayed):
     assert replayed.stats.acceptance_by_depth == pytest.approx(live.stats.acceptance_by_depth, nan_ok=True)
 
 
-@pytest.mark.parametrize("name", ["prompt-lookup", "model-chain-3"])
+@pytest.mark.parametrize("name", ["prompt-lookup", "model-chain-3", "model-tree"])
 def test_replay_equals_live_greedy(target, draft, name):
     make = _drafters(draft)[name]
     live = speculative_generate(target, PROMPT, drafter=make(), acceptance=SpeculativeSampling(),
@@ -118,3 +136,15 @@ def test_replay_gives_feature_drafters_the_live_features(target):
     for (start, tokens, hidden), (r_start, r_tokens, r_hidden) in zip(live_spy.seen, replay_spy.seen, strict=True):
         assert (start, tokens) == (r_start, r_tokens)
         torch.testing.assert_close(r_hidden, hidden, atol=1e-4, rtol=1e-4)
+
+
+def test_record_prompts_keeps_the_targets_choices_past_eos(target):
+    from test_bench import EOS, word_tokenizer
+
+    text = " ".join(f"w{i}" for i in PROMPT[0].tolist())
+    (recording,) = record_prompts(target, word_tokenizer(), [Prompt(id="x", turns=(text,))], 20)
+    plain = speculative_generate(target, PROMPT, drafter=PromptLookup(), acceptance=SpeculativeSampling(),
+                                 max_new_tokens=20)
+    assert recording.prompt.tolist() == PROMPT.tolist() and not recording.truncated
+    assert recording.continuation.tolist() == plain.sequences[0, PROMPT.shape[1]:].tolist()
+    assert EOS in recording.continuation[:-1].tolist()  # the EOS did not stop the recording

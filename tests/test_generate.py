@@ -8,7 +8,7 @@ from transformers import TextStreamer
 
 from specprim import DraftTree, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
-from specprim.drafters import DraftRequest, ModelDrafter, PromptLookup
+from specprim.drafters import DraftRequest, EarlyExit, ModelDrafter, PromptLookup
 from specprim.trees import Chain
 
 
@@ -257,6 +257,17 @@ def test_target_dispatched_by_accelerate(arch, device_map, tmp_path):
     prompt = torch.randint(2, VOCAB, (1, 6), generator=torch.Generator().manual_seed(8))
     expected = reference(target, prompt, 30)
     dispatched = dispatch_model(target, device_map=device_map, offload_dir=str(tmp_path))
-    out = speculative_generate(dispatched, prompt, drafter=OracleTreeDrafter(expected), acceptance=Greedy(),
-                               max_new_tokens=30)
-    assert torch.equal(out.sequences, expected)
+    for drafter in (OracleTreeDrafter(expected), EarlyExit(dispatched, 1)):
+        out = speculative_generate(dispatched, prompt, drafter=drafter, acceptance=Greedy(), max_new_tokens=30)
+        assert torch.equal(out.sequences, expected), drafter
+
+
+def test_early_exit_view_does_not_run_the_targets_hooks():
+    target = tiny_causal_lm("llama", layers=3)
+    calls = []
+    target.register_forward_hook(lambda module, args, output: calls.append(1))
+    drafter = EarlyExit(target, 1)
+    speculative_generate(target, torch.tensor([[3, 4, 5]]), drafter=drafter, acceptance=Greedy(), max_new_tokens=6)
+    out_steps = len(calls)
+    drafter.model.model(torch.tensor([[3, 4]]))
+    assert len(calls) == out_steps  # the view's own forward did not fire the target's hook

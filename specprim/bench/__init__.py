@@ -25,7 +25,15 @@ from specprim.bench._methods import (
 from specprim.bench._metrics import MethodSummary, PromptRow
 from specprim.bench._plots import write_plots
 from specprim.bench._prompts import Prompt, conversation_ids, parse_prompt, read_prompts
-from specprim.bench._replay import Recording, ReplayOutput, record_greedy, record_prompts, replay, replay_all
+from specprim.bench._replay import (
+    Recording,
+    ReplayOutput,
+    greedy_continuation,
+    record_greedy,
+    record_prompts,
+    replay,
+    replay_all,
+)
 from specprim.bench._report import grid_table, markdown_table
 from specprim.bench._results import BenchResults
 from specprim.bench._run import run
@@ -56,6 +64,7 @@ __all__ = [
     "classify_divergence",
     "conversation_ids",
     "first_difference",
+    "greedy_continuation",
     "grid_cells",
     "grid_table",
     "load_dataset",

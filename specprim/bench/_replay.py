@@ -9,18 +9,19 @@ tau equal a live greedy run's (checked in the tests); only draft time is spent, 
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
 from collections.abc import Sequence
 
 import torch
+from transformers import DynamicCache
 
 from specprim._stats import GenerationStats
 from specprim._types import DraftRequest, DraftTree, TargetFeatures, Verdict, truncate_tree
 from specprim.bench._metrics import merge_stats
 from specprim.bench._prompts import Prompt, conversation_ids
 from specprim.hf import input_device, vocab_size
+from specprim.hf._target import _cache_kwarg
 from specprim.sampling import SamplingConfig
 
 
@@ -169,26 +170,42 @@ def replay(
 
 
 @torch.no_grad()
+def greedy_continuation(target: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """(1, T) -> (1, T + max_new_tokens): plain greedy decoding with a KV cache that never stops early.
+
+    Unlike ``generate``, which takes EOS from the model's generation config whatever is passed, this runs the full
+    budget, so the recording knows the target's choices past an EOS.
+    """
+    ids = input_ids.to(input_device(target))
+    cache = DynamicCache(config=target.config)
+    kwarg = _cache_kwarg(target)
+    logits = target(input_ids=ids, use_cache=True, **{kwarg: cache}).logits[:, -1]  # (1, V)
+    tokens = []
+    for step in range(max_new_tokens):
+        tokens.append(logits.argmax(-1, keepdim=True))  # (1, 1)
+        if step + 1 < max_new_tokens:
+            logits = target(input_ids=tokens[-1], use_cache=True, **{kwarg: cache}).logits[:, -1]
+    return torch.cat([ids, *tokens], dim=1)
+
+
+@torch.no_grad()
 def record_prompts(
     target: torch.nn.Module, tokenizer: object, prompts: Sequence[Prompt], max_new_tokens: int,
     layers: Sequence[int] = (),
 ) -> list[Recording]:
-    """One :class:`Recording` per turn of every prompt, from greedy ``target.generate`` of ``max_new_tokens``.
+    """One :class:`Recording` per turn of every prompt, from :func:`greedy_continuation` of ``max_new_tokens``.
 
     Generation does not stop at EOS, so a replay that stops at EOS still knows the target's choices past it (a
     live run's last step may accept drafted tokens beyond the EOS it then cuts). Turn ``t + 1`` follows the
     answer to turn ``t`` cut after its first EOS and decoded, as :func:`specprim.bench.run` does.
     """
     eos = getattr(tokenizer, "eos_token_id", None)
-    config = copy.deepcopy(target.generation_config)
-    config.update(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=eos,
-                  temperature=None, top_k=None, top_p=None)
     recordings = []
     for prompt in prompts:
         answers: list[str] = []
         for _ in prompt.turns:
-            ids = conversation_ids(tokenizer, prompt.turns, answers).to(input_device(target))  # (1, T)
-            out = target.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+            ids = conversation_ids(tokenizer, prompt.turns, answers)  # (1, T)
+            out = greedy_continuation(target, ids, max_new_tokens)
             recordings.append(record_greedy(target, out, ids.shape[1], layers))
             answer, _ = _stop_after(out[0, ids.shape[1]:].cpu(), set() if eos is None else {eos})
             answers.append(tokenizer.decode(answer, skip_special_tokens=True))

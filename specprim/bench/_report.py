@@ -32,10 +32,17 @@ def _megabytes(value: int | None, signed: bool = False) -> str:
     return f"{value / 2**20:+.1f} MB" if signed else f"{value / 2**20:.1f} MB"
 
 
+def _count(n: int) -> str:
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.1f}{suffix}"
+    return str(n)
+
+
 def _params(summary: MethodSummary) -> str:
     if not summary.drafter_params:
         return "0"
-    return f"{summary.drafter_params / 1e6:.1f}M ({_megabytes(summary.drafter_param_bytes)})"
+    return f"{_count(summary.drafter_params)} ({_megabytes(summary.drafter_param_bytes)})"
 
 
 def _cells(s: MethodSummary) -> list[str]:

@@ -52,12 +52,14 @@ def _methods(names: Sequence[str], context: MethodContext,
              custom: Mapping[str, BenchMethod | presets.Method]) -> dict[str, BenchMethod]:
     """``hf`` first, then the named methods and the ``custom`` ones, each once, in the given order."""
     built: dict[str, BenchMethod] = {}
-    for name in [BASELINE, *names]:
-        if name not in built and name not in custom:
+    for name in dict.fromkeys([BASELINE, *names, *custom]):
+        method = custom.get(name)
+        if method is None:
             built[name] = build_method(name, context)
-    for name, method in custom.items():
-        built[name] = SpecprimGenerate(target=context.target, method=method) if isinstance(
-            method, presets.Method) else method
+        elif isinstance(method, presets.Method):
+            built[name] = SpecprimGenerate(target=context.target, method=method)
+        else:
+            built[name] = method
     return built
 
 

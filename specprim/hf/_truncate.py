@@ -49,8 +49,20 @@ def truncated_view(model: PreTrainedModel, keep_layers: int) -> PreTrainedModel:
     return view
 
 
+_HOOK_TABLES = (
+    "_forward_hooks", "_forward_hooks_with_kwargs", "_forward_hooks_always_called", "_forward_pre_hooks",
+    "_forward_pre_hooks_with_kwargs", "_backward_hooks", "_backward_pre_hooks",
+)
+
+
 def _shallow(module: torch.nn.Module) -> torch.nn.Module:
-    """A new module object sharing parameters and children with ``module`` but with its own child table."""
+    """A new module object sharing parameters and children with ``module``, with its own child table and no
+    hooks of its own: hooks on the original (a forward counter, accelerate's wrapper of ``forward``, which is
+    bound to the original object) must not run for the view. Hooks on the shared children still apply."""
     clone = copy.copy(module)
     clone._modules = dict(module._modules)
+    for table in _HOOK_TABLES:
+        if hasattr(module, table):
+            setattr(clone, table, type(getattr(module, table))())
+    clone.__dict__.pop("forward", None)
     return clone
