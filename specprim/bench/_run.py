@@ -96,16 +96,19 @@ def run(
         target: a name for :func:`specprim.models.load`, a path, or a loaded model (then pass ``tokenizer``).
         methods: names from :func:`specprim.bench.method_names` (``hf``, ``hf-prompt-lookup``, ``hf-assisted``,
             every specprim preset).
-        dataset / prompts: a built-in dataset name (``mt-bench``, ``humaneval``, ``gsm``), or a JSONL file of
-            ``{"prompt": ...}`` / ``{"turns": [...]}`` records or a list of :class:`Prompt` or strings.
+        dataset: a built-in dataset name (``mt-bench``, ``humaneval``, ``gsm``); or pass ``prompts``.
+        prompts: a JSONL file of ``{"prompt": ...}`` / ``{"turns": [...]}`` records, or a list of :class:`Prompt`
+            or strings.
         num_prompts: use the first ``num_prompts`` prompts (default: all).
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
-        num_draft, head, exit_layer, acceptance: the preset's draft length; a head checkpoint directory and an
-            early-exit layer passed to ``presets.from_name`` as ``head=`` / ``exit_layer=`` (only when given);
-            an acceptance rule name replacing the preset's (see ``ACCEPTANCE``).
+        num_draft: the preset's draft length.
+        head: a head checkpoint directory, passed to ``presets.from_name`` as ``head=`` (only when given).
+        exit_layer: an early-exit layer, passed to ``presets.from_name`` as ``exit_layer=`` (only when given).
+        acceptance: an acceptance rule name replacing the preset's (see ``ACCEPTANCE``).
         repeats: times every (prompt, method) pair is measured; ``seed`` seeds everything (see ``SEED_STRIDE``).
         custom: extra methods by label, a :class:`specprim.presets.Method` or any :class:`BenchMethod`.
-        json_path / plot_dir: where to write the JSON results and the PNG plots, if given.
+        json_path: where to write the JSON results, if given.
+        plot_dir: where to write the PNG plots, if given.
         argv: the command to record (default ``sys.argv``).
 
     Returns the :class:`BenchResults`. Raises ``ValueError`` for bad arguments, an unknown method or dataset, or a
