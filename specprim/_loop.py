@@ -156,7 +156,7 @@ def _check_tree(tree: DraftTree, vocab_size: int) -> None:
         raise ValueError(f"the drafter returned a tree for batch size {tree.batch_size}, expected 1")
     if tree.q is not None and tree.q.shape[-1] != vocab_size:
         raise ValueError(f"the drafter's q has {tree.q.shape[-1]} columns; the target's vocabulary has {vocab_size}")
-    if tree.num_nodes and (int(tree.tokens.min()) < 0 or int(tree.tokens.max()) >= vocab_size):
+    if tree.num_nodes and bool(((tree.tokens < 0) | (tree.tokens >= vocab_size)).any()):
         raise ValueError(f"the drafter proposed a token id outside the target's vocabulary [0, {vocab_size})")
 
 
