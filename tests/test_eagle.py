@@ -8,7 +8,6 @@ import dataclasses
 import pytest
 import torch
 from _tiny import VOCAB, tiny_causal_lm
-from scipy import stats
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
@@ -32,6 +31,7 @@ from specprim.drafters._vocab import (
     target_to_draft,
 )
 from specprim.sampling import SamplingConfig
+from specprim.testing import two_token_chi_square
 from specprim.trees import Chain, DynamicTree, StaticTree
 
 PROMPT = torch.tensor([[5, 17, 33, 8, 61, 2, 40, 9]])
@@ -357,23 +357,9 @@ def test_first_two_tokens_match_plain_sampling():
     prompt = torch.tensor([[1, 2, 3]])
     head = EagleHead.from_target(target, version=3, draft_vocab_size=3, generator=torch.Generator().manual_seed(0))
     drafter = eagle_drafter(head, Chain(2))
-    sampling = SamplingConfig(temperature=1.0)
-    generator = torch.Generator().manual_seed(1234)
-    counts = torch.zeros(SMALL_VOCAB, SMALL_VOCAB)
-    for _ in range(TRIALS):
-        out = speculative_generate(target, prompt, drafter=drafter, acceptance=SpeculativeSampling(),
-                                   max_new_tokens=2, temperature=1.0, generator=generator)
-        first, second = out.sequences[0, -2:].tolist()
-        counts[first, second] += 1
-    p1 = sampling.probs(target(prompt).logits[0, -1])  # (V,)
-    contexts = torch.cat([prompt.expand(SMALL_VOCAB, -1), torch.arange(SMALL_VOCAB)[:, None]], dim=1)
-    expected = (p1[:, None] * sampling.probs(target(contexts).logits[:, -1])).flatten() * TRIALS  # (V * V,)
-    observed = counts.flatten()
-    big = expected >= 5
-    observed_cells = torch.cat([observed[big], observed[~big].sum()[None]])
-    expected_cells = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = expected_cells > 0
-    assert stats.chisquare(observed_cells[keep], expected_cells[keep]).pvalue > 1e-3
+    p_value = two_token_chi_square(target, prompt, drafter=drafter, acceptance=SpeculativeSampling(),
+                                   sampling=SamplingConfig(temperature=1.0), trials=TRIALS)
+    assert p_value > 1e-3
 
 
 def test_eagle_config_is_an_ablation_record():

@@ -5,7 +5,6 @@ a fresh start, losslessness under sampling, checkpoints, and clear errors."""
 import pytest
 import torch
 from _tiny import tiny_causal_lm
-from scipy import stats
 from transformers import BloomConfig, BloomForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from specprim import speculative_generate
@@ -15,6 +14,7 @@ from specprim.drafters import TreeDrafter
 from specprim.drafters._medusa import MedusaHeads
 from specprim.drafters._mtp import MTPDraftModel, MTPHead
 from specprim.sampling import SamplingConfig
+from specprim.testing import two_token_chi_square
 from specprim.trees import Chain, DynamicTree, StaticTree
 
 SMALL_VOCAB = 8  # random heads then guess right often enough to exercise accepted paths and cache gathering
@@ -183,22 +183,6 @@ def test_first_two_tokens_match_plain_sampling_with_an_iid_chain():
         target.lm_head.weight.mul_(40)  # peaked next-token distributions
     prompt = torch.tensor([[1, 2, 3]])
     drafter = TreeDrafter(MTPDraftModel(head_for(target)), Chain(2))
-    generator = torch.Generator().manual_seed(1234)
-    counts = torch.zeros(VOCAB, VOCAB)
-    for _ in range(TRIALS):
-        out = speculative_generate(target, prompt, drafter=drafter, acceptance=SpeculativeSampling(),
-                                   max_new_tokens=2, temperature=1.0, generator=generator)
-        first, second = out.sequences[0, -2:].tolist()
-        counts[first, second] += 1
-    with torch.no_grad():
-        p1 = target(prompt).logits[0, -1].softmax(-1)  # (V,)
-        contexts = torch.cat([prompt.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)
-        p2 = target(contexts).logits[:, -1].softmax(-1)  # (V, V)
-    expected = (p1[:, None] * p2).flatten() * TRIALS
-    observed = counts.flatten()
-    assert observed[expected == 0].sum() == 0, "emitted a pair the target gives probability zero"
-    big = expected >= 5  # pool the rare cells so the chi-square approximation holds
-    observed_cells = torch.cat([observed[big], observed[~big].sum()[None]])
-    expected_cells = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = expected_cells > 0
-    assert stats.chisquare(observed_cells[keep], expected_cells[keep]).pvalue > 1e-3
+    p_value = two_token_chi_square(target, prompt, drafter=drafter, acceptance=SpeculativeSampling(),
+                                   sampling=SamplingConfig(temperature=1.0), trials=TRIALS)
+    assert p_value > 1e-3

@@ -8,12 +8,11 @@ import dataclasses
 import pytest
 import torch
 from _tiny import tiny_causal_lm
-from scipy import stats
 
-from specprim import speculative_generate
 from specprim.acceptance import SpeculativeSampling
 from specprim.drafters import DraftRequest, ModelDrafter
 from specprim.sampling import SamplingConfig
+from specprim.testing import two_token_chi_square
 from specprim.trees import Chain, DynamicTree, StaticTree
 
 VOCAB = 5
@@ -32,15 +31,6 @@ def peaked(seed: int) -> torch.nn.Module:
 TARGET, DRAFT = peaked(0), peaked(1)
 
 
-@torch.no_grad()
-def exact_two_token_distribution(sampling: SamplingConfig) -> torch.Tensor:
-    """(V, V) p(x1, x2) = p(x1) p(x2 | x1) of plain sampling from the target under ``sampling``."""
-    p1 = sampling.probs(TARGET(PROMPT).logits[0, -1])  # (V,)
-    contexts = torch.cat([PROMPT.expand(VOCAB, -1), torch.arange(VOCAB)[:, None]], dim=1)  # (V, T + 1)
-    p2 = sampling.probs(TARGET(contexts).logits[:, -1])  # (V, V)
-    return p1[:, None] * p2
-
-
 class DishonestDrafter(ModelDrafter):
     """Samples from its real distribution but reports a uniform q: breaks the q-contract."""
 
@@ -52,23 +42,8 @@ class DishonestDrafter(ModelDrafter):
 
 
 def chi_square_p_value(drafter, sampling: SamplingConfig) -> float:
-    generator = torch.Generator().manual_seed(1234)
-    counts = torch.zeros(VOCAB, VOCAB)
-    for _ in range(TRIALS):
-        out = speculative_generate(
-            TARGET, PROMPT, drafter=drafter, acceptance=SpeculativeSampling(), max_new_tokens=2,
-            temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=generator,
-        )
-        first, second = out.sequences[0, -2:].tolist()
-        counts[first, second] += 1
-    expected = exact_two_token_distribution(sampling).flatten() * TRIALS
-    observed = counts.flatten()
-    assert observed[expected == 0].sum() == 0, "emitted a pair the target gives probability zero"
-    big = expected >= 5  # pool the rare cells so the chi-square approximation holds
-    observed_cells = torch.cat([observed[big], observed[~big].sum()[None]])
-    expected_cells = torch.cat([expected[big], expected[~big].sum()[None]])
-    keep = expected_cells > 0
-    return float(stats.chisquare(observed_cells[keep], expected_cells[keep]).pvalue)
+    return two_token_chi_square(TARGET, PROMPT, drafter=drafter, acceptance=SpeculativeSampling(),
+                                sampling=sampling, trials=TRIALS)
 
 
 WITHOUT_REPLACEMENT = StaticTree(paths=((0,), (1,), (2,), (0, 0), (1, 0)), sample_without_replacement=True)

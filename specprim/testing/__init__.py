@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from specprim.testing._generation import exact_two_token_distribution, two_token_chi_square
 from specprim.testing._lossless import (
     Comparison,
     ContextTable,
@@ -46,8 +47,10 @@ __all__ = [
     "draw_tree",
     "emitted_sequence",
     "emitted_token_distribution",
+    "exact_two_token_distribution",
     "sample_emitted_tokens",
     "trees",
+    "two_token_chi_square",
 ]
 
 
