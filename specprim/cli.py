@@ -12,6 +12,7 @@ import torch
 from specprim import models, presets
 from specprim.bench import add_bench_parser
 from specprim.hf import check_tokenizers_compatible
+from specprim.train._cli import add_train_parser
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -102,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=generate_command)
     add_bench_parser(commands)
+    add_train_parser(commands)
     return parser
 
 

@@ -7,6 +7,7 @@ Model-based drafters are a `TreeDraftModel` (what predicts the next token) plus 
 from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._base import Drafter
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
+from specprim.drafters._eagle_export import export_eagle3, import_eagle
 from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
 from specprim.drafters._early_exit import EarlyExit
 from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHeads, default_medusa_tree
@@ -36,4 +37,6 @@ __all__ = [
     "default_feature_layers",
     "default_medusa_tree",
     "eagle_drafter",
+    "export_eagle3",
+    "import_eagle",
 ]

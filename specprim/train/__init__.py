@@ -1,0 +1,48 @@
+"""Train draft modules for any causal-LM target: data, cached target features, objectives, the training loop.
+
+Pipeline: conversations (:func:`load_conversations`, ShareGPT built in) -> optional self-distillation
+(:func:`self_distill`) -> :func:`render` with the target's chat template -> target features cached once on disk
+(:func:`build_feature_cache`) -> an objective (:class:`EagleObjective`, :class:`MedusaObjective`,
+:class:`MTPObjective`, :class:`DistillObjective`) optimised by :func:`train` on ``accelerate``. The ``specprim
+train`` command runs all of it. See ``docs/train.md``.
+"""
+
+from specprim.train._data import (
+    Example,
+    load_conversations,
+    read_jsonl_conversations,
+    render,
+    render_all,
+    sharegpt_conversations,
+)
+from specprim.train._distill import self_distill
+from specprim.train._features import FeatureBatch, FeatureDataset, build_feature_cache
+from specprim.train._lm import DistillObjective
+from specprim.train._losses import greedy_accuracy, soft_cross_entropy
+from specprim.train._medusa import MedusaObjective
+from specprim.train._objective import EagleObjective, MTPObjective, Objective, ObjectiveOutput, unrolled_mask
+from specprim.train._trainer import TrainConfig, train
+
+__all__ = [
+    "DistillObjective",
+    "EagleObjective",
+    "Example",
+    "FeatureBatch",
+    "FeatureDataset",
+    "MTPObjective",
+    "MedusaObjective",
+    "Objective",
+    "ObjectiveOutput",
+    "TrainConfig",
+    "build_feature_cache",
+    "greedy_accuracy",
+    "load_conversations",
+    "read_jsonl_conversations",
+    "render",
+    "render_all",
+    "self_distill",
+    "sharegpt_conversations",
+    "soft_cross_entropy",
+    "train",
+    "unrolled_mask",
+]
