@@ -29,6 +29,7 @@ from specprim.drafters import (
     eagle_drafter,
 )
 from specprim.hf import num_layers
+from specprim.models._heads import head_path, known_heads
 from specprim.trees import Chain, TreeBuilder
 
 
@@ -99,8 +100,9 @@ def from_name(
     """Build the preset called ``name`` (see :data:`NAMES`) for ``target``, as command-line tools do.
 
     ``draft`` is the draft model for ``"leviathan"``; ``head`` a directory saved by a head's
-    ``save_pretrained`` for ``"medusa"``, ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the
-    draft length of chain presets; ``exit_layer`` the early-exit layer (default: half the target's layers).
+    ``save_pretrained``, or a shipped head's name (:func:`specprim.models.known_heads`), for ``"medusa"``,
+    ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the draft length of chain presets;
+    ``exit_layer`` the early-exit layer (default: half the target's layers).
     Raises ``ValueError`` for an unknown name or a missing draft model or head.
     """
     if name not in _BY_NAME:
@@ -123,8 +125,11 @@ class _Options:
 
     def require_head(self, name: str) -> str:
         if self.head is None:
-            raise ValueError(f"method {name!r} needs a trained head: a directory saved with save_pretrained")
-        return self.head
+            raise ValueError(
+                f"method {name!r} needs a trained head: a directory saved with save_pretrained or the name of a "
+                f"shipped head ({', '.join(known_heads()) or 'none installed'})"
+            )
+        return str(head_path(self.head))
 
     def length(self, default: int) -> int:
         return default if self.num_draft is None else self.num_draft

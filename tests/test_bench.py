@@ -229,3 +229,12 @@ def test_every_method_without_a_trained_head_runs_and_is_lossless(target, tokeni
     assert results.summary("leviathan").drafter_params == draft_size
     assert results.summary("hf-assisted").drafter_params == draft_size
     assert results.summary("prompt-lookup").drafter_params == 0
+
+
+def test_turns_keeps_the_first_turns_only(target, tokenizer):
+    results = bench.run(target=target, tokenizer=tokenizer, methods=["prompt-lookup"], prompts=PROMPTS,
+                        max_new_tokens=4, turns=1)
+    assert [row.turns for row in results.prompts] == [1] * (2 * len(PROMPTS))  # hf and prompt-lookup per prompt
+    assert results.meta["settings"]["turns"] == 1
+    with pytest.raises(ValueError, match="turns"):
+        bench.run(target=target, tokenizer=tokenizer, methods=[], prompts=PROMPTS, max_new_tokens=4, turns=0)

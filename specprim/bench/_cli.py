@@ -28,6 +28,7 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     source.add_argument("--prompts", type=Path, help='a JSONL file of {"prompt": ...} or {"turns": [...]} records')
     bench.add_argument("--max-new-tokens", type=int)
     bench.add_argument("--num-prompts", type=int, help="use the first K prompts (default: all)")
+    bench.add_argument("--turns", type=int, help="use the first N turns of every prompt (1: first turns only)")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--top-k", type=int)
     bench.add_argument("--top-p", type=float)
@@ -58,7 +59,8 @@ def bench_command(args: argparse.Namespace) -> int:
     try:
         results = run(
             target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
-            num_prompts=args.num_prompts, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+            num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, draft=args.draft, num_draft=args.num_draft,
             head=args.head, exit_layer=args.exit_layer, acceptance=args.acceptance, repeats=args.repeats,
             seed=args.seed, json_path=args.json,

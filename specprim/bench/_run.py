@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -71,6 +72,7 @@ def run(
     dataset: str | None = None,
     prompts: str | os.PathLike[str] | Sequence[Prompt | str] | None = None,
     num_prompts: int | None = None,
+    turns: int | None = None,
     tokenizer: Any = None,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -100,6 +102,7 @@ def run(
         prompts: a JSONL file of ``{"prompt": ...}`` / ``{"turns": [...]}`` records, or a list of :class:`Prompt`
             or strings.
         num_prompts: use the first ``num_prompts`` prompts (default: all).
+        turns: use only the first ``turns`` turns of every prompt (``1``: MT-bench first turns; default: all).
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
         num_draft: the preset's draft length.
         head: a head checkpoint directory, passed to ``presets.from_name`` as ``head=`` (only when given).
@@ -120,6 +123,10 @@ def run(
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     torch.manual_seed(seed)
     prompt_list, label = resolve_prompts(dataset, prompts, num_prompts)
+    if turns is not None:
+        if turns < 1:
+            raise ValueError(f"turns must be >= 1, got {turns}")
+        prompt_list = [dataclasses.replace(p, turns=p.turns[:turns]) for p in prompt_list]
     model, loaded_tokenizer = _load(target, dtype)
     tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
     if tokenizer is None:
@@ -145,7 +152,7 @@ def run(
         "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
         "device": str(input_device(model)), "dataset": label, "num_prompts": len(prompt_list),
         "prompt_ids": [p.id for p in prompt_list], "methods": list(method_map), "max_new_tokens": max_new_tokens,
-        "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,
+        "turns": turns, "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,
         "draft": None if draft is None else (str(draft) if not isinstance(draft, Model) else type(draft).__name__),
         "num_draft": num_draft, "head": None if head is None else str(head), "exit_layer": exit_layer,
         "acceptance": acceptance,

@@ -21,9 +21,12 @@ from specprim.train._lm import DistillObjective
 from specprim.train._losses import greedy_accuracy, soft_cross_entropy
 from specprim.train._medusa import MedusaObjective
 from specprim.train._objective import EagleObjective, MTPObjective, Objective, ObjectiveOutput, unrolled_mask
+from specprim.train._pipeline import KINDS, DataConfig, train_drafter
 from specprim.train._trainer import TrainConfig, train
 
 __all__ = [
+    "KINDS",
+    "DataConfig",
     "DistillObjective",
     "EagleObjective",
     "Example",
@@ -44,5 +47,6 @@ __all__ = [
     "sharegpt_conversations",
     "soft_cross_entropy",
     "train",
+    "train_drafter",
     "unrolled_mask",
 ]

@@ -117,6 +117,11 @@ def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: A
         from specprim.train._medusa import MedusaObjective
 
         heads = MedusaHeads.from_target(target, num_heads=num_heads, share_target_head=True)
+        with torch.no_grad():  # Medusa-1's init: every ResBlock starts as the identity, every head as the target's
+            for block in heads.blocks:
+                for layer in block:
+                    layer.linear.weight.zero_()
+                    layer.linear.bias.zero_()
         return MedusaObjective(heads, num_target_layers=num_layers, loss_on=loss_on)
     if kind == "distill":
         from specprim.train._lm import DistillObjective
@@ -149,7 +154,8 @@ def train_drafter(
     """Train a draft module of ``kind`` for ``target`` end to end; returns ``output_dir / "run" / "head"``.
 
     ``kind``: ``"eagle3"`` (EAGLE-3 head, ``steps`` training-time-test depths, ``draft_vocab_size`` most frequent
-    target greedy tokens), ``"eagle"`` (EAGLE-1), ``"medusa"`` (``num_heads`` heads on the target's LM head),
+    target greedy tokens), ``"eagle"`` (EAGLE-1), ``"medusa"`` (``num_heads`` heads on the target's LM head, their
+    residual blocks starting as the identity as in Medusa-1),
     ``"mtp"`` (DeepSeek-V3 MTP module) or ``"distill"`` (the causal LM ``draft``, for ``ModelDrafter``). Rerunning
     with the same ``output_dir`` resumes whichever stage was interrupted.
 

@@ -1,0 +1,53 @@
+"""Trained draft heads shipped inside the package, loaded by name.
+
+Each shipped head is a directory under ``specprim/models/heads/<name>/`` with the ``config.json`` and
+``model.safetensors`` written by the head's ``save_pretrained`` (weights stored in bfloat16; they load into the
+target's dtype) and a ``README.md`` model card (data, steps, wall time, command, measured tau).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["HEADS_DIR", "head_path", "known_heads", "load_head"]
+
+HEADS_DIR = Path(__file__).parent / "heads"
+
+
+def known_heads() -> tuple[str, ...]:
+    """Names of the heads shipped with this installation (sorted)."""
+    if not HEADS_DIR.is_dir():
+        return ()
+    return tuple(sorted(p.name for p in HEADS_DIR.iterdir() if (p / "config.json").is_file()))
+
+
+def head_path(name_or_path: str | os.PathLike[str]) -> Path:
+    """The directory of a shipped head called ``name_or_path``, or ``name_or_path`` itself when it is a directory.
+
+    Raises ``ValueError`` naming the shipped heads when it is neither.
+    """
+    name = os.fspath(name_or_path)
+    if name in known_heads():
+        return HEADS_DIR / name
+    if os.path.isdir(name):
+        return Path(name)
+    raise ValueError(f"{name!r} is neither a shipped head ({', '.join(known_heads()) or 'none'}) nor a directory")
+
+
+def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
+    """Load a shipped head by name (see :func:`known_heads`) or any saved head directory onto ``target``.
+
+    The class (``EagleHead``, ``MedusaHeads``, ``MTPHead``) is read from the saved ``config.json``; the head's
+    own ``from_pretrained`` checks that ``target`` is the model it was trained for.
+    """
+    from specprim.drafters import EagleHead, MedusaHeads, MTPHead
+
+    directory = head_path(name_or_path)
+    kind = json.loads((directory / "config.json").read_text()).get("head")
+    classes = {cls.__name__: cls for cls in (EagleHead, MedusaHeads, MTPHead)}
+    if kind not in classes:
+        raise ValueError(f"{directory} holds a {kind!r} checkpoint; known head classes: {sorted(classes)}")
+    return classes[kind].from_pretrained(directory, target)
