@@ -368,3 +368,39 @@ def test_train_config_rejects_bad_values():
         TrainConfig(mixed_precision="fp8")
     with pytest.raises(ValueError):
         TrainConfig(lr=0)
+
+
+def test_the_same_training_runs_under_accelerate_launch_with_two_processes(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = tiny_causal_lm("llama")
+    build_feature_cache(target, _examples(12), tmp_path / "features", layers=(0, 1, 2), top_k=4, progress=False)
+    script = tmp_path / "run.py"
+    script.write_text(f"""
+import sys
+import torch
+sys.path.insert(0, {str(Path(__file__).parent)!r})
+torch.set_num_threads(1)
+from _tiny import tiny_causal_lm
+from specprim.drafters import EagleHead
+from specprim.train import EagleObjective, FeatureDataset, TrainConfig, train
+target = tiny_causal_lm("llama")
+dataset = FeatureDataset({str(tmp_path / "features")!r}, batch_tokens=96, max_length=48, holdout=2, seed=1)
+head = EagleHead.from_target(target, version=3, generator=torch.Generator().manual_seed(0))
+train(EagleObjective(head), dataset, {str(tmp_path / "run")!r}, TrainConfig(epochs=2, log_every=1), progress=False)
+""")
+    # torchrun is what `accelerate launch --multi_gpu` runs; on CPU it gives accelerate's MULTI_CPU (gloo) mode
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(script)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    dataset = FeatureDataset(tmp_path / "features", batch_tokens=96, max_length=48, holdout=2, seed=1)
+    plans = [dataset.batches(epoch) for epoch in (0, 1)]
+    used = [plan[: len(plan) - len(plan) % 2] for plan in plans]  # each process takes every other batch
+    lines = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if not line.get("eval")]
+    assert steps[-1]["step"] == sum(len(plan) for plan in used) // 2
+    tokens = sum(int(dataset.load(items).attention_mask.sum()) for plan in used for items in plan)
+    assert steps[-1]["tokens"] == tokens  # summed over both processes
+    assert EagleHead.from_pretrained(tmp_path / "run" / "head", target) is not None

@@ -1,15 +1,16 @@
 """The training loop: any :class:`Objective` over a :class:`FeatureDataset`, on ``accelerate``.
 
 The same code runs on one CPU process and, unchanged, under ``accelerate launch`` on several GPUs or nodes
-(each process takes every ``world_size``-th batch of the epoch's plan; gradients are averaged by accelerate).
+(each process takes every ``world_size``-th batch of the epoch's plan, the last ``len % world_size`` batches of an
+epoch are left out so that all processes step together; gradients are averaged by accelerate).
 State lives in ``output_dir``:
 
 - ``checkpoint/``: accelerate state (weights, optimizer, scheduler, RNG) plus ``trainer_state.json`` (step,
   epoch, batch within the epoch), written every ``checkpoint_every`` steps and at the end; a new call with
   the same ``output_dir`` resumes from it and, as the data order is a function of ``(seed, epoch)``, continues
   exactly as an uninterrupted run would;
-- ``log.jsonl``: one JSON line per ``log_every`` steps (``step``, ``epoch``, ``lr``, ``tokens``,
-  ``tokens_per_s``, the objective's metrics averaged since the last line) and one per evaluation
+- ``log.jsonl``: one JSON line per ``log_every`` steps (``step``, ``epoch``, ``lr``, ``tokens`` and ``tokens_per_s``
+  summed over processes, the main process's metrics averaged since the last line) and one per evaluation
   (``"eval": true``, metrics on the held-out batches);
 - ``head/``: the trained draft module (``save_pretrained``) at the end and at every checkpoint.
 """
@@ -43,7 +44,7 @@ class TrainConfig:
     Attributes:
         epochs: passes over the training examples.
         max_steps: stop after this many optimizer steps in all (``None``: run every epoch); the LR schedule
-            spans ``min(max_steps, epochs * batches_per_epoch)`` steps.
+            spans ``min(max_steps, steps of all epochs)`` steps.
         lr: peak learning rate (AdamW, betas (0.9, 0.95)); linear warm-up over ``warmup_steps``, then cosine
             decay to ``lr * min_lr_ratio``.
         weight_decay, grad_clip: AdamW weight decay; gradient-norm clip (``0`` = none).
@@ -101,17 +102,20 @@ def train(
     Raises ``ValueError`` when the dataset lacks a feature layer the objective needs.
     """
     from accelerate import Accelerator
-    from accelerate.utils import set_seed
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
 
     missing = [layer for layer in objective.layers if layer not in dataset.layers]
     if missing:
         raise ValueError(f"the feature cache holds layers {dataset.layers}; the objective also needs {missing}")
     output = Path(output_dir)
     _freeze_target_modules(objective)
-    accelerator = accelerator or Accelerator(mixed_precision=config.mixed_precision, cpu=not torch.cuda.is_available())
+    accelerator = accelerator or Accelerator(
+        mixed_precision=config.mixed_precision, cpu=not torch.cuda.is_available(),
+        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],  # e.g. MTP's unused embedding
+    )
     set_seed(config.seed)
-    per_epoch = math.ceil(len(dataset.batches(0)) / accelerator.num_processes)
-    total = per_epoch * config.epochs if config.max_steps is None else min(config.max_steps, per_epoch * config.epochs)
+    every_epoch = sum(len(dataset.batches(epoch)) // accelerator.num_processes for epoch in range(config.epochs))
+    total = every_epoch if config.max_steps is None else min(config.max_steps, every_epoch)
     trainable = [p for p in objective.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, total))
@@ -130,7 +134,8 @@ def train(
     evaluation: dict[str, float] = {}
     while state["step"] < total and state["epoch"] < config.epochs:
         plan = dataset.batches(state["epoch"])
-        mine = plan[accelerator.process_index:: accelerator.num_processes]
+        usable = len(plan) - len(plan) % accelerator.num_processes  # every process runs the same number of steps
+        mine = plan[accelerator.process_index: usable: accelerator.num_processes]
         while state["batch"] < len(mine) and state["step"] < total:
             batch = dataset.load(mine[state["batch"]]).to(accelerator.device)
             model.train()
@@ -144,7 +149,8 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             state["step"] += 1
             state["batch"] += 1
-            real = int(batch.attention_mask.sum())
+            real = batch.attention_mask.sum()
+            real = int(accelerator.reduce(real, reduction="sum") if accelerator.num_processes > 1 else real)
             state["tokens"] += real
             tokens_since += real
             for name, value in out.metrics.items():
