@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from specprim.train._data import Conversation
+from specprim.train._progress import progress_bar
 
 __all__ = ["self_distill"]
 
@@ -49,7 +50,7 @@ def self_distill(
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     done = _count_lines(path)
     todo = range(done - done % batch_size, len(conversations), batch_size)
-    bar = _progress(len(conversations), done, progress)
+    bar = progress_bar(len(conversations), done, progress, "self-distill", unit="conv")
     with open(path, "a", encoding="utf-8") as out:
         for start in todo:
             batch = conversations[start:start + batch_size]
@@ -111,13 +112,3 @@ def _count_lines(path: str | os.PathLike[str]) -> int:
         return 0
     with open(path, encoding="utf-8") as f:
         return sum(1 for line in f if line.strip())
-
-
-def _progress(total: int, done: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, initial=done, desc="self-distill", unit="conv")

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from specprim.train._data import Example
+from specprim.train._progress import progress_bar
 
 __all__ = ["FeatureBatch", "FeatureDataset", "build_feature_cache"]
 
@@ -134,7 +135,8 @@ def build_feature_cache(
     shards = manifest["shards"] if manifest is not None else []
     plan = _shard_plan([len(e.input_ids) for e in examples], shard_tokens)
     device = target.get_input_embeddings().weight.device
-    bar = _progress(header["num_tokens"], sum(sum(s["lengths"]) for s in shards), progress)
+    bar = progress_bar(header["num_tokens"], sum(sum(s["lengths"]) for s in shards), progress, "target features",
+                       unit="tok", unit_scale=True)
     for index in range(len(shards), len(plan)):
         start, stop = plan[index]
         tensors = _shard_tensors(target, examples[start:stop], header["layers"], top_k, device)
@@ -184,16 +186,6 @@ def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
     staged = directory / f".{MANIFEST}.tmp"
     staged.write_text(json.dumps(manifest, indent=1))
     os.replace(staged, directory / MANIFEST)
-
-
-def _progress(total: int, initial: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, initial=initial, desc="target features", unit="tok", unit_scale=True)
 
 
 class FeatureDataset:

@@ -31,6 +31,7 @@ import torch
 
 from specprim.train._features import FeatureDataset
 from specprim.train._objective import Objective
+from specprim.train._progress import progress_bar
 
 __all__ = ["TrainConfig", "train"]
 
@@ -128,7 +129,7 @@ def train(
         accelerator.load_state(str(checkpoint))
         state = json.loads((checkpoint / STATE_NAME).read_text())
         checkpoint = output / "checkpoint"
-    bar = _progress(total, state["step"], progress and accelerator.is_main_process)
+    bar = progress_bar(total, state["step"], progress and accelerator.is_main_process, "train", unit="step")
     sums: dict[str, float] = defaultdict(float)
     count, tokens_since, clock = 0, 0, time.perf_counter()
     evaluation: dict[str, float] = {}
@@ -243,13 +244,3 @@ def _log(output: Path, accelerator, record: dict[str, Any]) -> None:
     output.mkdir(parents=True, exist_ok=True)
     with open(output / "log.jsonl", "a") as f:
         f.write(json.dumps(record) + "\n")
-
-
-def _progress(total: int, initial: int, enabled: bool) -> Any:
-    if not enabled:
-        return None
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, initial=initial, desc="train", unit="step")
