@@ -10,7 +10,7 @@ State lives in ``output_dir``:
   the same ``output_dir`` resumes from it and, as the data order is a function of ``(seed, epoch)``, continues
   exactly as an uninterrupted run would;
 - ``log.jsonl``: one JSON line per ``log_every`` steps (``step``, ``epoch``, ``lr``, ``tokens`` and ``tokens_per_s``
-  summed over processes, the main process's metrics averaged since the last line) and one per evaluation
+  summed over processes, ``train_seconds`` of optimisation so far, across resumed runs, the main process's metrics averaged since the last line) and one per evaluation
   (``"eval": true``, metrics on the held-out batches);
 - ``head/``: the trained draft module (``save_pretrained``) at the end and at every checkpoint.
 """
@@ -121,7 +121,7 @@ def train(
     optimizer = torch.optim.AdamW(trainable, lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _schedule(config, total))
     model, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
-    state = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0}
+    state = {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
     checkpoint = output / "checkpoint"
     if not (checkpoint / STATE_NAME).is_file() and (checkpoint.with_name("checkpoint.old") / STATE_NAME).is_file():
         checkpoint = checkpoint.with_name("checkpoint.old")  # interrupted between the two renames
@@ -138,6 +138,7 @@ def train(
         usable = len(plan) - len(plan) % accelerator.num_processes  # every process runs the same number of steps
         mine = plan[accelerator.process_index: usable: accelerator.num_processes]
         while state["batch"] < len(mine) and state["step"] < total:
+            started = time.perf_counter()
             batch = dataset.load(mine[state["batch"]]).to(accelerator.device)
             model.train()
             with accelerator.autocast():
@@ -153,6 +154,7 @@ def train(
             real = batch.attention_mask.sum()
             real = int(accelerator.reduce(real, reduction="sum") if accelerator.num_processes > 1 else real)
             state["tokens"] += real
+            state["seconds"] = state.get("seconds", 0.0) + time.perf_counter() - started
             tokens_since += real
             for name, value in out.metrics.items():
                 sums[name] += value
@@ -165,6 +167,7 @@ def train(
                 _log(output, accelerator, {
                     "step": state["step"], "epoch": state["epoch"], "lr": scheduler.get_last_lr()[0],
                     "tokens": state["tokens"], "tokens_per_s": tokens_since / max(elapsed, 1e-9),
+                    "train_seconds": round(state["seconds"], 1),
                     **{k: v / count for k, v in sums.items()},
                 })
                 sums, count, tokens_since, clock = defaultdict(float), 0, 0, time.perf_counter()
