@@ -404,3 +404,46 @@ train(EagleObjective(head), dataset, {str(tmp_path / "run")!r}, TrainConfig(epoc
     tokens = sum(int(dataset.load(items).attention_mask.sum()) for plan in used for items in plan)
     assert steps[-1]["tokens"] == tokens  # summed over both processes
     assert EagleHead.from_pretrained(tmp_path / "run" / "head", target) is not None
+
+
+# ------------------------------------------------------------------------------------------------------- CLI
+
+
+def test_specprim_train_cli_end_to_end_resumes_and_shares_a_feature_cache(tmp_path, capsys):
+    from test_bench import word_tokenizer
+
+    from specprim import cli
+    from specprim.drafters import MedusaHeads
+
+    target = tiny_causal_lm("llama")
+    tokenizer = word_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}w2 {{ m['content'] }} w3 {% endfor %}"
+                               "{% if add_generation_prompt %}w2 {% endif %}")
+    model_dir = tmp_path / "tiny"
+    target.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    generator = torch.Generator().manual_seed(0)
+    with open(tmp_path / "chats.jsonl", "w") as f:
+        for _ in range(14):
+            words = [f"w{int(i)}" for i in torch.randint(4, 97, (12,), generator=generator)]
+            f.write(json.dumps([{"role": "user", "content": " ".join(words[:4])},
+                                {"role": "assistant", "content": " ".join(words[4:])}]) + "\n")
+    common = ["--target", str(model_dir), "--data", str(tmp_path / "chats.jsonl"), "--num-conversations", "14",
+              "--holdout", "2", "--max-length", "32", "--batch-tokens", "128", "--log-every", "1",
+              "--features", str(tmp_path / "features")]
+    out = tmp_path / "eagle3"
+    assert cli.main(["train", "eagle3", *common, "--out", str(out), "--epochs", "2", "--draft-vocab-size", "48"]) == 0
+    assert "trained eagle3" in capsys.readouterr().out
+    head = EagleHead.from_pretrained(out / "run" / "head", target)
+    assert head.config.draft_vocab_size == 48 and head.config.version == 3
+    steps = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
+    last_step = max(line["step"] for line in steps)
+    assert cli.main(["train", "eagle3", *common, "--out", str(out), "--epochs", "2", "--draft-vocab-size", "48"]) == 0
+    again = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
+    assert max(line["step"] for line in again) == last_step  # finished: the rerun resumes at the end
+    medusa = tmp_path / "medusa"
+    assert cli.main(["train", "medusa", *common, "--out", str(medusa), "--max-steps", "3", "--num-heads", "2"]) == 0
+    assert MedusaHeads.from_pretrained(medusa / "run" / "head", target).config.num_heads == 2
+    assert not (medusa / "features").exists()  # the shared cache was reused
+    with pytest.raises(SystemExit, match="needs --draft"):
+        cli.main(["train", "distill", *common, "--out", str(tmp_path / "d")])

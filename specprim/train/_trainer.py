@@ -10,8 +10,9 @@ State lives in ``output_dir``:
   the same ``output_dir`` resumes from it and, as the data order is a function of ``(seed, epoch)``, continues
   exactly as an uninterrupted run would;
 - ``log.jsonl``: one JSON line per ``log_every`` steps (``step``, ``epoch``, ``lr``, ``tokens`` and ``tokens_per_s``
-  summed over processes, ``train_seconds`` of optimisation so far, across resumed runs, the main process's metrics averaged since the last line) and one per evaluation
-  (``"eval": true``, metrics on the held-out batches);
+  summed over processes, ``train_seconds`` of optimisation so far across resumed runs, the main process's
+  metrics averaged since the last line) and one per evaluation (``"eval": true``, metrics on the held-out
+  batches);
 - ``head/``: the trained draft module (``save_pretrained``) at the end and at every checkpoint.
 """
 
