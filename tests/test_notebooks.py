@@ -18,6 +18,7 @@ CASES = [
     ("01_quickstart.ipynb", True),
     ("02_losslessness.ipynb", False),
     ("03_ablation.ipynb", True),
+    ("04_train_a_drafter.ipynb", True),
 ]
 
 

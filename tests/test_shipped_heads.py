@@ -1,0 +1,61 @@
+"""Heads shipped inside the package: lookup by name, class dispatch, size budget, and lossless decoding on SmolLM2."""
+
+import json
+
+import pytest
+import torch
+from _tiny import tiny_causal_lm
+
+from specprim import presets, speculative_generate
+from specprim.acceptance import Greedy
+from specprim.cli import chat_input_ids
+from specprim.drafters import EagleHead, MedusaHeads
+from specprim.models import _heads, head_path, known_heads, load, load_head
+
+SHIPPED = ("smollm2-135m-instruct-eagle3", "smollm2-135m-instruct-medusa")
+# random heads reach tau 1.00 (EAGLE-3) and 1.09 (Medusa) on this prompt; the shipped ones 1.3+ and 1.2
+MIN_TAU = {"smollm2-135m-instruct-eagle3": 1.3, "smollm2-135m-instruct-medusa": 1.15}
+
+
+def test_load_head_dispatches_on_the_saved_class_and_resolves_names(tmp_path, monkeypatch):
+    target = tiny_causal_lm("llama")
+    monkeypatch.setattr(_heads, "HEADS_DIR", tmp_path)
+    EagleHead.from_target(target, version=3).save_pretrained(tmp_path / "tiny-eagle3")
+    MedusaHeads.from_target(target).save_pretrained(tmp_path / "tiny-medusa")
+    assert known_heads() == ("tiny-eagle3", "tiny-medusa")
+    assert isinstance(load_head("tiny-eagle3", target), EagleHead)
+    assert isinstance(load_head(tmp_path / "tiny-medusa", target), MedusaHeads)
+    method = presets.from_name("eagle3", target=target, head="tiny-eagle3")
+    assert method.drafter is not None
+    with pytest.raises(ValueError, match="neither a shipped head"):
+        head_path("no-such-head")
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "config.json").write_text(json.dumps({"head": "Mystery", "config": {}}))
+    with pytest.raises(ValueError, match="Mystery"):
+        load_head("odd", target)
+
+
+def test_the_shipped_heads_are_installed_and_within_the_size_budget():
+    assert set(SHIPPED) <= set(known_heads())
+    total = sum(f.stat().st_size for name in SHIPPED for f in head_path(name).iterdir())
+    assert total <= 30 * 2**20
+    for name in SHIPPED:
+        assert (head_path(name) / "README.md").read_text().count("tau") >= 1  # a model card with the measurement
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("name", SHIPPED)
+def test_a_shipped_head_decodes_smollm2_losslessly_and_accepts_more_than_one_token(name):
+    torch.set_num_threads(2)
+    try:
+        target, tokenizer = load("smollm2-135m-instruct")
+        method = presets.from_name(name.rsplit("-", 1)[1], target=target, head=name)
+        ids = chat_input_ids(tokenizer, "Explain in two sentences why the sky is blue.")
+        expected = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False,
+                                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+        out = speculative_generate(target, ids, drafter=method.drafter, acceptance=Greedy(), max_new_tokens=48,
+                                   eos_token_id=tokenizer.eos_token_id)
+        assert torch.equal(out.sequences, expected)
+        assert out.stats.tau > MIN_TAU[name]  # a trained head, not a random one
+    finally:
+        torch.set_num_threads(1)
