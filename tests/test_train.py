@@ -445,5 +445,15 @@ def test_specprim_train_cli_end_to_end_resumes_and_shares_a_feature_cache(tmp_pa
     assert cli.main(["train", "medusa", *common, "--out", str(medusa), "--max-steps", "3", "--num-heads", "2"]) == 0
     assert MedusaHeads.from_pretrained(medusa / "run" / "head", target).config.num_heads == 2
     assert not (medusa / "features").exists()  # the shared cache was reused
+    warm = tmp_path / "warm"
+    assert cli.main(["train", "eagle3", *common, "--out", str(warm), "--max-steps", "2", "--lr", "1e-12",
+                     "--init-from", str(out / "run" / "head")]) == 0
+    warm_head = EagleHead.from_pretrained(warm / "run" / "head", target)
+    assert torch.equal(warm_head.d2t, head.d2t)  # the saved head's own draft vocabulary was kept
+    for name, weight in head.state_dict().items():  # started from the saved weights (a tiny lr barely moves them)
+        torch.testing.assert_close(warm_head.state_dict()[name], weight, atol=1e-6, rtol=0)
+    assert json.loads((warm / "run" / "settings.json").read_text())["init_from"] == str(out / "run" / "head")
+    with pytest.raises(SystemExit, match="not a 'medusa' head"):
+        cli.main(["train", "medusa", *common, "--out", str(tmp_path / "bad"), "--init-from", str(out / "run" / "head")])
     with pytest.raises(SystemExit, match="needs --draft"):
         cli.main(["train", "distill", *common, "--out", str(tmp_path / "d")])

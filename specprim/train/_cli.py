@@ -37,6 +37,7 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--features", help="a feature cache directory to use or create (shared between runs)")
     parser.add_argument("--draft", help="the draft LM to distil (kind 'distill')")
     parser.add_argument("--draft-vocab-size", type=int, help="EAGLE: reduced draft vocabulary size")
+    parser.add_argument("--init-from", help="continue training this saved head (a directory or a shipped name)")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa heads")
     parser.add_argument("--steps", type=int, help="unrolled depths (EAGLE-3 training-time test, MTP)")
     parser.add_argument("--loss-on", choices=("all", "assistant"), default="all")
@@ -86,7 +87,7 @@ def train_command(args: argparse.Namespace) -> int:
             args.kind, target, tokenizer, args.out, data=data, config=config, features_dir=args.features,
             feature_model=feature_model, features_only=args.features_only, draft=draft,
             draft_vocab_size=args.draft_vocab_size, num_heads=args.num_heads, steps=args.steps,
-            loss_on=args.loss_on, batch_tokens=args.batch_tokens,
+            loss_on=args.loss_on, init_from=args.init_from, batch_tokens=args.batch_tokens,
         )
     except ValueError as error:
         raise SystemExit(f"specprim train: {error}") from error

@@ -98,38 +98,65 @@ def greedy_token_counts(dataset: FeatureDataset, vocab_size: int) -> torch.Tenso
     return counts
 
 
-def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: Any = None,
-                    draft_vocab_size: int | None = None, num_heads: int = 4, steps: int | None = None,
-                    loss_on: str = "all") -> Objective:
-    """A freshly initialised draft module of ``kind`` for ``target``, wrapped in its objective."""
-    num_layers = int(target.config.get_text_config().num_hidden_layers)
+def _fresh_module(kind: str, target: Any, dataset: FeatureDataset, draft_vocab_size: int | None,
+                  num_heads: int) -> torch.nn.Module:
+    """A randomly initialised head of ``kind`` (Medusa: residual blocks at the identity, as in Medusa-1)."""
     if kind in ("eagle3", "eagle"):
-        version = 3 if kind == "eagle3" else 1
         vocab = int(target.get_output_embeddings().weight.shape[0])
         counts = greedy_token_counts(dataset, vocab) if draft_vocab_size else None
-        head = EagleHead.from_target(target, version=version, draft_vocab_size=draft_vocab_size,
+        return EagleHead.from_target(target, version=3 if kind == "eagle3" else 1, draft_vocab_size=draft_vocab_size,
                                      token_counts=counts, generator=torch.Generator().manual_seed(0))
-        return EagleObjective(head, steps=steps, loss_on=loss_on)
     if kind == "mtp":
-        return MTPObjective(MTPHead.from_target(target), steps=steps or 3, loss_on=loss_on,
-                            num_target_layers=num_layers)
-    if kind == "medusa":
-        from specprim.train._medusa import MedusaObjective
+        return MTPHead.from_target(target)
+    heads = MedusaHeads.from_target(target, num_heads=num_heads, share_target_head=True)
+    with torch.no_grad():
+        for block in heads.blocks:
+            for layer in block:
+                layer.linear.weight.zero_()
+                layer.linear.bias.zero_()
+    return heads
 
-        heads = MedusaHeads.from_target(target, num_heads=num_heads, share_target_head=True)
-        with torch.no_grad():  # Medusa-1's init: every ResBlock starts as the identity, every head as the target's
-            for block in heads.blocks:
-                for layer in block:
-                    layer.linear.weight.zero_()
-                    layer.linear.bias.zero_()
-        return MedusaObjective(heads, num_target_layers=num_layers, loss_on=loss_on)
+
+def _saved_module(kind: str, target: Any, init_from: str | os.PathLike[str]) -> torch.nn.Module:
+    """A saved head (a directory or a shipped head's name) to continue training; ``ValueError`` if it is not a
+    head of ``kind``."""
+    from specprim.models import load_head
+
+    head = load_head(init_from, target)
+    expected = {"eagle3": (EagleHead, 3), "eagle": (EagleHead, 1), "mtp": (MTPHead, None),
+                "medusa": (MedusaHeads, None)}
+    cls, version = expected[kind]
+    if not isinstance(head, cls) or (version is not None and head.config.version != version):
+        raise ValueError(f"{os.fspath(init_from)!r} holds a {type(head).__name__}, not a {kind!r} head")
+    return head
+
+
+def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: Any = None,
+                    draft_vocab_size: int | None = None, num_heads: int = 4, steps: int | None = None,
+                    loss_on: str = "all", init_from: str | os.PathLike[str] | None = None) -> Objective:
+    """A draft module of ``kind`` for ``target`` wrapped in its objective: freshly initialised, or the saved head
+    ``init_from`` (its own config and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
     if kind == "distill":
         from specprim.train._lm import DistillObjective
 
         if draft is None:
             raise ValueError("kind 'distill' needs a draft model to train")
-        return DistillObjective(draft, loss_on=loss_on, vocab_size=int(target.get_output_embeddings().weight.shape[0]))
-    raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
+        if init_from is not None:
+            raise ValueError("kind 'distill' trains the draft model it is given; init_from does not apply")
+        vocab = int(target.get_output_embeddings().weight.shape[0])
+        return DistillObjective(draft, loss_on=loss_on, vocab_size=vocab)
+    module = (_fresh_module(kind, target, dataset, draft_vocab_size, num_heads) if init_from is None
+              else _saved_module(kind, target, init_from))
+    num_layers = int(target.config.get_text_config().num_hidden_layers)
+    if kind in ("eagle3", "eagle"):
+        return EagleObjective(module, steps=steps, loss_on=loss_on)
+    if kind == "mtp":
+        return MTPObjective(module, steps=steps or 3, loss_on=loss_on, num_target_layers=num_layers)
+    from specprim.train._medusa import MedusaObjective
+
+    return MedusaObjective(module, num_target_layers=num_layers, loss_on=loss_on)
 
 
 def train_drafter(
@@ -148,6 +175,7 @@ def train_drafter(
     num_heads: int = 4,
     steps: int | None = None,
     loss_on: str = "all",
+    init_from: str | os.PathLike[str] | None = None,
     batch_tokens: int = 8192,
     progress: bool = True,
 ) -> Path:
@@ -158,6 +186,9 @@ def train_drafter(
     residual blocks starting as the identity as in Medusa-1),
     ``"mtp"`` (DeepSeek-V3 MTP module) or ``"distill"`` (the causal LM ``draft``, for ``ModelDrafter``). Rerunning
     with the same ``output_dir`` resumes whichever stage was interrupted.
+
+    ``init_from`` continues training a saved head (a directory or a shipped head's name) instead of a fresh one,
+    e.g. on a new, larger feature cache in a new ``output_dir``.
 
     ``feature_model`` computes the features and self-distils instead of ``target`` (e.g. a bfloat16 copy: about
     twice as fast on CPUs with AMX; the head still trains against ``target``'s modules). ``features_only`` stops
@@ -175,12 +206,13 @@ def train_drafter(
     dataset = FeatureDataset(directory, batch_tokens=batch_tokens, max_length=data.max_length, seed=config.seed,
                              holdout=data.holdout)
     objective = build_objective(kind, target, dataset, draft=draft, draft_vocab_size=draft_vocab_size,
-                                num_heads=num_heads, steps=steps, loss_on=loss_on)
+                                num_heads=num_heads, steps=steps, loss_on=loss_on, init_from=init_from)
     (output / "run").mkdir(exist_ok=True)
     (output / "run" / "settings.json").write_text(json.dumps({
         "kind": kind, "data": dataclasses.asdict(data), "train": dataclasses.asdict(config),
         "draft_vocab_size": draft_vocab_size, "num_heads": num_heads, "steps": steps, "loss_on": loss_on,
         "batch_tokens": batch_tokens, "features": str(directory),
+        "init_from": None if init_from is None else os.fspath(init_from),
     }, indent=1))
     train(objective, dataset, output / "run", config, progress=progress)
     return output / "run" / "head"
