@@ -7,6 +7,7 @@ uses by reference (embeddings, LM head) are not parameters of the objective and 
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import os
 from collections.abc import Iterator
@@ -35,15 +36,16 @@ class ObjectiveOutput:
     metrics: dict[str, float]
 
 
-class Objective(nn.Module):
+class Objective(nn.Module, abc.ABC):
     """Base class: ``module`` is the draft module trained and saved; ``layers`` the cached target features it needs
     (``output_hidden_states`` indices, non-negative)."""
 
     module: nn.Module
     layers: tuple[int, ...]
 
-    def forward(self, batch: FeatureBatch) -> ObjectiveOutput:  # pragma: no cover - interface
-        raise NotImplementedError
+    @abc.abstractmethod
+    def forward(self, batch: FeatureBatch) -> ObjectiveOutput:
+        """The loss and metrics of one batch."""
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
         """Save the draft module with its own ``save_pretrained``."""
@@ -105,16 +107,19 @@ class _UnrolledObjective(Objective):
         self.steps, self.loss_on, self.greedy, self.step_decay = steps, loss_on, greedy, step_decay
         self.ce_weight = ce_weight
 
-    # subclasses: the step-0 input state, one step, draft logits, the draft-vocabulary maps
+    @abc.abstractmethod
     def initial_state(self, batch: FeatureBatch) -> torch.Tensor:
-        raise NotImplementedError
+        """(B, T, d) the step-0 input state of every position, from the cached target features."""
 
+    @abc.abstractmethod
     def step(self, tokens: torch.Tensor, state: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
              cache: object) -> tuple[torch.Tensor, torch.Tensor]:
-        raise NotImplementedError
+        """One unrolled step: tokens (B, n), states (B, n, d), positions (n,), additive mask (B, 1, n, past + n),
+        the head's cache -> predicted states (B, n, d) and draft logits (B, n, V_d)."""
 
+    @abc.abstractmethod
     def new_cache(self) -> object:
-        raise NotImplementedError
+        """An empty KV cache for the head's layers."""
 
     def vocab_maps(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         return None, None

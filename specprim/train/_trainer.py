@@ -187,21 +187,22 @@ def train(
 
 
 def _freeze_target_modules(objective: Objective) -> None:
-    """Stop gradients into the target modules a head uses by reference (embeddings, LM head): they are not the
-    objective's parameters, so their gradients would only cost memory and time."""
+    """Stop gradients into the target modules a head uses by reference (embeddings, LM head), which heads keep in
+    plain tuples or dataclass records so that they are not sub-modules: they are not the objective's parameters,
+    so their gradients would only cost memory and time."""
     own = {id(p) for p in objective.parameters()}
-    for module in vars(objective.module).values():
-        for part in module if isinstance(module, tuple) else (module,):
+    for value in vars(objective.module).values():
+        if isinstance(value, tuple):
+            parts = value
+        elif dataclasses.is_dataclass(value):
+            parts = tuple(getattr(value, field.name) for field in dataclasses.fields(value))
+        else:
+            continue
+        for part in parts:
             if isinstance(part, torch.nn.Module):
                 for parameter in part.parameters():
                     if id(parameter) not in own:
                         parameter.requires_grad_(False)
-    for value in vars(objective.module).values():
-        if dataclasses.is_dataclass(value):
-            for field in dataclasses.fields(value):
-                part = getattr(value, field.name)
-                if isinstance(part, torch.nn.Module):
-                    part.requires_grad_(False)
 
 
 @torch.no_grad()
