@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 
 @dataclasses.dataclass
@@ -12,25 +13,29 @@ class GenerationStats:
     Per-step lists: ``accepted`` draft tokens accepted (bonus excluded), ``tree_depth`` and ``tree_nodes`` of
     the verified tree, ``emitted`` tokens appended (accepted + bonus, after cutting at EOS or the budget).
     Times in seconds: ``draft_s`` (propose), ``verify_s`` (the target forward), ``other_s`` (acceptance,
-    cache commit and bookkeeping).
+    cache commit and bookkeeping). ``sibling_outcomes``: one ``(depth, children, accepted_rank)`` per node of every
+    accepted path that had children (the root included; ``accepted_rank`` is ``-1`` when no child was accepted),
+    the record :class:`specprim.speedup.RankAcceptance` estimates positional acceptance rates from.
     """
 
     accepted: list[int] = dataclasses.field(default_factory=list)
     tree_depth: list[int] = dataclasses.field(default_factory=list)
     tree_nodes: list[int] = dataclasses.field(default_factory=list)
     emitted: list[int] = dataclasses.field(default_factory=list)
+    sibling_outcomes: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
 
     def record(
         self, *, accepted: int, tree_depth: int, tree_nodes: int, emitted: int,
-        draft_s: float, verify_s: float, total_s: float,
+        draft_s: float, verify_s: float, total_s: float, sibling_outcomes: Sequence[tuple[int, int, int]] = (),
     ) -> None:
         self.accepted.append(accepted)
         self.tree_depth.append(tree_depth)
         self.tree_nodes.append(tree_nodes)
         self.emitted.append(emitted)
+        self.sibling_outcomes.extend(sibling_outcomes)
         self.draft_s += draft_s
         self.verify_s += verify_s
         self.other_s += total_s - draft_s - verify_s

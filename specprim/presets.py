@@ -7,6 +7,7 @@ and sampled decoding alike. `from_name` builds a preset from command-line style 
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -30,7 +31,7 @@ from specprim.drafters import (
 )
 from specprim.hf import num_layers
 from specprim.models._heads import head_path, known_heads
-from specprim.trees import Chain, TreeBuilder
+from specprim.trees import Chain, TreeBuilder, parse_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,18 +97,33 @@ def from_name(
     head: str | None = None,
     num_draft: int | None = None,
     exit_layer: int | None = None,
+    tree: TreeBuilder | str | None = None,
 ) -> Method:
     """Build the preset called ``name`` (see :data:`NAMES`) for ``target``, as command-line tools do.
 
     ``draft`` is the draft model for ``"leviathan"``; ``head`` a directory saved by a head's
     ``save_pretrained``, or a shipped head's name (:func:`specprim.models.known_heads`), for ``"medusa"``,
     ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the draft length of chain presets;
-    ``exit_layer`` the early-exit layer (default: half the target's layers).
-    Raises ``ValueError`` for an unknown name or a missing draft model or head.
+    ``exit_layer`` the early-exit layer (default: half the target's layers); ``tree`` replaces the preset's tree
+    shape (a builder or a spec string for :func:`specprim.trees.parse_tree`, e.g. one chosen by ``specprim tune``).
+    Raises ``ValueError`` for an unknown name, a missing draft model or head, or a tree for prompt lookup.
     """
     if name not in _BY_NAME:
         raise ValueError(f"unknown method {name!r}; known: {list(NAMES)}")
-    return _BY_NAME[name](_Options(target, draft, head, num_draft, exit_layer))
+    method = _BY_NAME[name](_Options(target, draft, head, num_draft, exit_layer))
+    if tree is None:
+        return method
+    return with_tree(method, parse_tree(tree) if isinstance(tree, str) else tree)
+
+
+def with_tree(method: Method, tree: TreeBuilder) -> Method:
+    """``method`` drafting ``tree`` instead of its own shape. The new drafter shares the draft model (and its
+    state) with the old one: use one of them at a time. Raises ``ValueError`` for drafters without a tree shape."""
+    if not isinstance(method.drafter, TreeDrafter):
+        raise ValueError(f"{method.drafter!r} does not draft with a tree shape; it takes no tree")
+    drafter = copy.copy(method.drafter)
+    drafter.tree = tree
+    return dataclasses.replace(method, drafter=drafter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,4 +178,5 @@ __all__ = [
     "medusa",
     "mtp",
     "prompt_lookup",
+    "with_tree",
 ]

@@ -150,10 +150,3 @@ def verdict_at(end: torch.Tensor, next_token: torch.Tensor, tables: TreeTables) 
         num_accepted=tables.depth[end + 1],  # (B,)
         next_token=next_token.to(torch.long),  # (B,)
     )
-
-
-def sample_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """(B, V) probabilities (rows need not be normalised) -> (B,) long sampled indices."""
-    if probs.shape[0] == 0:
-        return torch.zeros(0, dtype=torch.long, device=probs.device)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)

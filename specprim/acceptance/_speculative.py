@@ -8,8 +8,9 @@ from typing import ClassVar
 import torch
 
 from specprim._types import DraftTree, Sampling, Verdict
-from specprim.acceptance._base import TreeTables, rows_at, sample_rows, validate_inputs, verdict_at
+from specprim.acceptance._base import TreeTables, rows_at, validate_inputs, verdict_at
 from specprim.residual import residual
+from specprim.sampling import sample
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -76,10 +77,9 @@ class SpeculativeSampling:
                 target = torch.where(accept.unsqueeze(1), rows_at(p, child), target)
                 node = torch.where(accept, child, node)
                 moved = moved | accept
-                hit = torch.nn.functional.one_hot(token, vocab).bool() & trying.unsqueeze(1)
-                excluded = excluded | hit
+                excluded = excluded | torch.zeros_like(excluded).scatter_(1, token.unsqueeze(1), trying.unsqueeze(1))
             walking = moved
-        next_token = sample_rows(target, generator)  # (B,)
+        next_token = sample(target, generator)  # (B,)
         return verdict_at(node, next_token, tables)
 
     def _sibling_proposal(
@@ -97,7 +97,7 @@ class SpeculativeSampling:
         Returns: (B, V).
         """
         if sampling == "deterministic" or q_row is None:
-            return torch.nn.functional.one_hot(token, p_row.shape[-1]).to(p_row.dtype)
+            return torch.zeros_like(p_row).scatter_(1, token.unsqueeze(1), 1.0)
         if sampling == "iid":
             return q_row
         remaining = q_row.masked_fill(excluded, 0.0)  # (B, V)

@@ -14,10 +14,10 @@ from specprim.acceptance._base import (
     all_ancestors_flagged,
     deepest,
     rows_at,
-    sample_rows,
     validate_inputs,
     verdict_at,
 )
+from specprim.sampling import sample
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -62,7 +62,7 @@ class TypicalAcceptance:
         log_prob = torch.where(flags, token_prob, torch.ones_like(token_prob)).log()  # (B, N), 0 if unflagged
         path_log_prob = log_prob @ tables.ancestors.T.to(log_prob.dtype)  # (B, N) cumulative log p
         end = deepest(accepted, tables, score=path_log_prob)  # (B,)
-        next_token = sample_rows(self._typical_set(rows_at(p, end)), generator)
+        next_token = sample(self._typical_set(rows_at(p, end)), generator)
         return verdict_at(end, next_token, tables)
 
     def _typical_set(self, row: torch.Tensor) -> torch.Tensor:

@@ -3,11 +3,13 @@
 - `Chain(k)`: one child per node; argmax when greedy, sampled (``"iid"``, with ``q``) otherwise.
 - `StaticTree(paths=...)`: a fixed sparse tree of sibling ranks (Medusa-style), deterministic top-k.
 - `DynamicTree(depth=, top_k=, budget=)`: EAGLE-2's expand-by-value and rerank, deterministic.
+- `parse_tree(spec)`: any of them from a command-line string.
 """
 
 from specprim.trees._base import TreeBuilder, TreeDraftModel
 from specprim.trees._chain import Chain
 from specprim.trees._dynamic import DynamicTree
+from specprim.trees._spec import parse_tree
 from specprim.trees._static import StaticTree
 
-__all__ = ["Chain", "DynamicTree", "StaticTree", "TreeBuilder", "TreeDraftModel"]
+__all__ = ["Chain", "DynamicTree", "StaticTree", "TreeBuilder", "TreeDraftModel", "parse_tree"]

@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from specprim._types import DraftRequest, DraftTree
+from specprim.sampling import sample
 from specprim.trees._base import TreeDraftModel
 
 __all__ = ["Chain"]
@@ -20,8 +21,8 @@ class Chain:
     of one node each (the last token is never extended):
 
     - greedy (``request.sampling.is_greedy``): the argmax of every row; ``sampling="deterministic"``, ``q=None``.
-    - otherwise: each token is drawn with ``torch.multinomial(request.sampling.probs(logits), 1,
-      generator=request.generator)`` and ``q`` (B, depth + 1, V) holds exactly those rows (the leaf's row is
+    - otherwise: each token is drawn with ``specprim.sampling.sample(request.sampling.probs(logits),
+      request.generator)`` and ``q`` (B, depth + 1, V) holds exactly those rows (the leaf's row is
       all zeros and never read); ``sampling="iid"``. This is the q-contract.
     """
 
@@ -45,7 +46,7 @@ class Chain:
                 token = logits.argmax(-1)  # (B,)
             else:
                 q = request.sampling.probs(logits)  # (B, V)
-                token = torch.multinomial(q, 1, generator=request.generator)[:, 0]  # (B,)
+                token = sample(q, request.generator)  # (B,)
                 q_rows.append(q)
             tokens.append(token)
             if step + 1 < depth:  # scratch node `step` is this token; its parent is scratch node `step - 1`

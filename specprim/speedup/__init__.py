@@ -1,0 +1,29 @@
+"""A speedup model from measured costs and measured acceptance, and the tree it predicts is fastest.
+
+- :class:`RankAcceptance`: positional acceptance rates ``r[depth][rank]`` counted from the sibling outcomes every
+  generation records (``GenerationStats.sibling_outcomes``).
+- :class:`CostModel` / :func:`measure_costs`: verification cost against tree size and drafting cost against
+  depth, timed on this machine.
+- :func:`expected_tau`, :func:`predict`: tokens per step and speedup of any tree shape.
+- :func:`best_tree`: the tree size, depth and width that maximise predicted tokens per second (hardware-aware,
+  Sequoia-style); ``specprim tune`` runs the whole measurement from the command line.
+"""
+
+from specprim.speedup._acceptance import RankAcceptance, SiblingOutcome, sibling_outcomes, sibling_ranks
+from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs
+from specprim.speedup._model import Prediction, TreeChoice, best_tree, expected_tau, predict
+
+__all__ = [
+    "CostModel",
+    "Prediction",
+    "RankAcceptance",
+    "SiblingOutcome",
+    "TreeChoice",
+    "best_tree",
+    "expected_tau",
+    "measure_costs",
+    "measure_verify_costs",
+    "predict",
+    "sibling_outcomes",
+    "sibling_ranks",
+]

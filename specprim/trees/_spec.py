@@ -1,0 +1,29 @@
+"""Tree shapes from short strings, for command lines: ``chain:4``, ``dynamic:depth=4,top_k=4,budget=16``,
+``static:3,2,1`` (branching widths)."""
+
+from __future__ import annotations
+
+from specprim.trees._base import TreeBuilder
+from specprim.trees._chain import Chain
+from specprim.trees._dynamic import DynamicTree
+from specprim.trees._static import StaticTree
+
+SPEC_HELP = "chain:K | dynamic:depth=D,top_k=K,budget=N | static:W1,W2,... (branching widths by depth)"
+
+
+def parse_tree(spec: str) -> TreeBuilder:
+    """Build the tree shape a spec string names (see :data:`SPEC_HELP`); ``ValueError`` says what is wrong."""
+    kind, _, args = spec.strip().partition(":")
+    try:
+        if kind == "chain":
+            return Chain(int(args.removeprefix("k=")))
+        if kind == "static":
+            return StaticTree.from_branching([int(w) for w in args.split(",")])
+        if kind == "dynamic":
+            fields = dict(item.split("=", 1) for item in args.split(","))
+            if set(fields) != {"depth", "top_k", "budget"}:
+                raise ValueError("needs depth=, top_k= and budget=")
+            return DynamicTree(**{name: int(value) for name, value in fields.items()})
+    except ValueError as error:
+        raise ValueError(f"invalid tree spec {spec!r} ({error}); expected {SPEC_HELP}") from error
+    raise ValueError(f"unknown tree kind {kind!r} in {spec!r}; expected {SPEC_HELP}")

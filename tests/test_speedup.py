@@ -1,0 +1,211 @@
+"""The speedup model: sibling outcomes recorded by the loop, positional acceptance rates, expected tau checked by
+simulation, measured costs, and the hardware-aware choice of tree."""
+
+import itertools
+import random
+
+import pytest
+import torch
+from _tiny import VOCAB, tiny_causal_lm
+
+from specprim import speculative_generate
+from specprim.acceptance import Greedy
+from specprim.drafters import ModelDrafter, PromptLookup
+from specprim.presets import Method, prompt_lookup, with_tree
+from specprim.speedup import (
+    CostModel,
+    RankAcceptance,
+    best_tree,
+    expected_tau,
+    measure_costs,
+    predict,
+    sibling_outcomes,
+    sibling_ranks,
+)
+from specprim.trees import Chain, DynamicTree, StaticTree, parse_tree
+
+
+def test_sibling_outcomes_and_ranks():
+    parents = [-1, -1, 0, 0, 1, 3]  # root -> {0, 1}; 0 -> {2, 3}; 1 -> {4}; 3 -> {5}
+    assert sibling_ranks(parents) == [0, 1, 0, 1, 0, 0]
+    assert sibling_outcomes(parents, [0, 3, 5]) == [(1, 2, 0), (2, 2, 1), (3, 1, 0)]
+    assert sibling_outcomes(parents, [1]) == [(1, 2, 1), (2, 1, -1)]
+    assert sibling_outcomes(parents, []) == [(1, 2, -1)]
+    assert sibling_outcomes([], []) == []
+
+
+def test_rank_acceptance_counts_trials_and_falls_back_to_pooled_rates():
+    outcomes = [(1, 3, 0)] * 30 + [(1, 3, 2)] * 10 + [(1, 3, -1)] * 10 + [(2, 2, 1)] * 2
+    acc = RankAcceptance.from_outcomes(outcomes)
+    assert acc.trials[0] == (50, 20, 20) and acc.accepted[0] == (30, 0, 10)
+    assert acc.rate(1, 0) == pytest.approx(0.6) and acc.rate(1, 2) == pytest.approx(0.5)
+    # depth 2 has 2 trials (< min_trials): rank 0 falls back to the pooled rate (30 of 52)
+    assert acc.rate(2, 0) == pytest.approx(30 / 52)
+    assert acc.rate(1, 7) == 0.0
+    assert acc.child_probability(1, 2) == pytest.approx(0.5 * (1 - 0.6) * (1 - 0.0))
+    with pytest.raises(ValueError, match="invalid sibling outcome"):
+        RankAcceptance.from_outcomes([(1, 2, 2)])
+
+
+def _simulated_tau(parents, rates, trials=40_000, seed=0):
+    """Walk the tree under the positional model: at each accepted node try its children in rank order, each
+    accepted with ``rates[(depth, rank)]``; count accepted nodes + the bonus token."""
+    rng = random.Random(seed)
+    children = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    total = 0
+    for _ in range(trials):
+        node, depth, accepted = -1, 1, 0
+        while True:
+            nxt = None
+            for rank, child in enumerate(children.get(node, [])):
+                if rng.random() < rates.get((depth, rank), 0.0):
+                    nxt = child
+                    break
+            if nxt is None:
+                break
+            node, depth, accepted = nxt, depth + 1, accepted + 1
+        total += accepted + 1
+    return total / trials
+
+
+def _acceptance_with(rates):
+    """A RankAcceptance whose estimated rates are exactly ``rates`` (1000 trials each)."""
+    depth_max = max(d for d, _ in rates)
+    width = 1 + max(k for _, k in rates)
+    trials = tuple(tuple(1000 for _ in range(width)) for _ in range(depth_max))
+    accepted = tuple(tuple(round(1000 * rates.get((d, k), 0.0)) for k in range(width)) for d in range(1, depth_max + 1))
+    return RankAcceptance(trials, accepted)
+
+
+RATES = {(1, 0): 0.7, (1, 1): 0.4, (1, 2): 0.2, (2, 0): 0.6, (2, 1): 0.3, (3, 0): 0.5, (3, 1): 0.2}
+
+
+@pytest.mark.parametrize("parents", [[-1, 0, 1], [-1, -1, -1, 0, 0, 1, 3, 3], [-1, -1, 1, 2, 0]])
+def test_expected_tau_matches_a_simulation_of_the_positional_model(parents):
+    acc = _acceptance_with(RATES)
+    simulated = _simulated_tau(parents, RATES)
+    assert expected_tau(parents, acc) == pytest.approx(simulated, abs=0.02)
+
+
+def test_the_simulation_check_rejects_a_formula_without_sibling_exclusion():
+    """A broken tau that adds each sibling's rate independently (ignoring that an earlier sibling's acceptance
+    excludes the later ones) must disagree with the simulation."""
+    parents = [-1, -1, -1, 0, 0, 1]
+    acc = _acceptance_with(RATES)
+    depths = [1, 1, 1, 2, 2, 2]
+    reach = []
+    for node, parent in enumerate(parents):
+        reach.append((1.0 if parent == -1 else reach[parent]) * acc.rate(depths[node], sibling_ranks(parents)[node]))
+    broken = 1 + sum(reach)
+    assert abs(broken - _simulated_tau(parents, RATES)) > 0.1
+
+
+def test_chain_prediction_reproduces_the_measured_tau_exactly():
+    """For full-depth chains, rates estimated from a run telescope to that run's own tau."""
+    target, draft = tiny_causal_lm("llama", seed=0), tiny_causal_lm("llama", seed=0)
+    with torch.no_grad():  # a draft that agrees with the target often, not always
+        for weight in draft.parameters():
+            weight.add_(0.6 * weight.std() * torch.randn(weight.shape, generator=torch.Generator().manual_seed(1)))
+    prompt = torch.randint(2, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    out = speculative_generate(target, prompt, drafter=ModelDrafter(draft, Chain(3)), acceptance=Greedy(),
+                               max_new_tokens=60)
+    stats = out.stats
+    assert len(stats.sibling_outcomes) >= stats.steps - 1  # the last step may have no budget left to draft
+    assert 0 < sum(stats.accepted) < 3 * stats.steps
+    full = [i for i, d in enumerate(stats.tree_depth) if d == 3]
+    outcomes, steps = [], 0
+    for i in full:  # rebuild the outcomes of the full-depth steps only
+        accepted = stats.accepted[i]
+        outcomes += [(d, 1, 0) for d in range(1, accepted + 1)] + ([(accepted + 1, 1, -1)] if accepted < 3 else [])
+        steps += 1
+    acc = RankAcceptance.from_outcomes(outcomes, min_trials=1)
+    achieved = 1 + sum(stats.accepted[i] for i in full) / steps
+    assert expected_tau([-1, 0, 1], acc) == pytest.approx(achieved)
+    # and the loop's own record has exactly these outcomes for full-depth steps
+    assert set(stats.sibling_outcomes) <= {(d, 1, r) for d in (1, 2, 3) for r in (0, -1)}
+
+
+def test_cost_model_interpolates_and_validates():
+    costs = CostModel((0, 4, 16), (0.05, 0.06, 0.10), draft_s=(0.01, 0.015), other_s=0.002)
+    assert costs.step_s == 0.05
+    assert costs.verify(2) == pytest.approx(0.055)
+    assert costs.verify(32) == pytest.approx(0.10 + 16 * (0.04 / 12))
+    assert costs.draft(0) == 0.0 and costs.draft(1) == 0.01 and costs.draft(3) == pytest.approx(0.02)
+    assert costs.step(4, 2) == pytest.approx(0.015 + 0.06 + 0.002)
+    with pytest.raises(ValueError, match="start at 0"):
+        CostModel((1, 2), (0.1, 0.2))
+    with pytest.raises(ValueError, match="positive"):
+        CostModel((0, 1), (0.1, -0.2))
+    with pytest.raises(ValueError, match="no drafting costs"):
+        CostModel((0,), (0.1,)).draft(2)
+
+
+def _all_trees(max_nodes, max_depth, max_width):
+    """Every set of rank paths closed under parents and earlier siblings, up to ``max_nodes`` nodes."""
+    universe = [p for d in range(1, max_depth + 1) for p in itertools.product(range(max_width), repeat=d)]
+    for size in range(1, max_nodes + 1):
+        for subset in itertools.combinations(universe, size):
+            chosen = set(subset)
+            if all((p[:-1] in chosen or len(p) == 1) and (p[-1] == 0 or (*p[:-1], p[-1] - 1) in chosen)
+                   for p in chosen):
+                yield sorted(chosen, key=lambda p: (len(p), p))
+
+
+def test_best_tree_of_every_size_is_optimal_by_brute_force():
+    rates = {(1, 0): 0.7, (1, 1): 0.5, (2, 0): 0.6, (2, 1): 0.4, (3, 0): 0.5, (3, 1): 0.3}
+    acc = _acceptance_with(rates)
+    costs = CostModel((0, 64), (0.05, 0.05), draft_s=(1e-3, 2e-3, 3e-3))  # flat verification
+    choice = best_tree(acc, costs, max_nodes=5, max_depth=3, max_width=2)
+    best_by_size = {}
+    for paths in _all_trees(5, 3, 2):
+        tau = expected_tau(StaticTree(paths=tuple(paths)).parent_list, acc)
+        best_by_size[len(paths)] = max(best_by_size.get(len(paths), 0.0), tau)
+    for nodes, tau, _, _ in choice.curve[1:]:
+        assert tau == pytest.approx(best_by_size[nodes])
+
+
+def test_best_tree_follows_the_hardware():
+    acc = _acceptance_with(RATES)
+    flat = CostModel((0, 64), (0.05, 0.0501), draft_s=(1e-4,) * 8)
+    steep = CostModel((0, 1, 64), (0.05, 0.2, 5.0), draft_s=(0.01,) * 8)
+    wide = best_tree(acc, flat, max_nodes=32)
+    assert wide.nodes == 32 and wide.prediction.speedup > 1.5
+    assert best_tree(acc, steep).nodes == 0  # speculation never pays: plain decoding
+    assert wide.dynamic_tree() == DynamicTree(depth=wide.depth, top_k=wide.top_k, budget=32)
+    assert wide.static_tree().parent_list and wide.spec().startswith("dynamic:")
+    pred = predict(wide.static_tree().parent_list, acc, flat)
+    assert pred.tau == pytest.approx(wide.prediction.tau) and pred.speedup == pytest.approx(wide.prediction.speedup)
+    with pytest.raises(ValueError, match="plain decoding"):
+        best_tree(acc, steep).dynamic_tree()
+    with pytest.raises(ValueError, match="max_nodes"):
+        best_tree(acc, flat, max_nodes=0)
+
+
+def test_measure_costs_on_a_tiny_model():
+    target, draft = tiny_causal_lm("llama", seed=0), tiny_causal_lm("llama", seed=1)
+    prompt = torch.randint(2, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
+    costs = measure_costs(target, prompt, drafter_for_depth=lambda d: ModelDrafter(draft, Chain(d)),
+                          depths=(1, 2), sizes=(0, 4), repeats=2, tokens_per_depth=6)
+    assert costs.verify_sizes == (0, 4) and len(costs.draft_s) == 2 and costs.other_s >= 0
+    assert all(t > 0 for t in (*costs.verify_s, *costs.draft_s))
+    with pytest.raises(ValueError, match="depths must be"):
+        measure_costs(target, prompt, drafter_for_depth=lambda d: ModelDrafter(draft, Chain(d)), depths=(2,))
+
+
+def test_parse_tree_and_with_tree():
+    assert parse_tree("chain:4") == Chain(4) and parse_tree("chain:k=2") == Chain(2)
+    assert parse_tree("dynamic:depth=3,top_k=4,budget=10") == DynamicTree(depth=3, top_k=4, budget=10)
+    assert parse_tree("static:2,1") == StaticTree.from_branching((2, 1))
+    for bad in ("chain:x", "dynamic:depth=3", "pyramid:3", "chain:0"):
+        with pytest.raises(ValueError):
+            parse_tree(bad)
+    draft = tiny_causal_lm("llama", seed=1)
+    method = Method(ModelDrafter(draft, Chain(4)), Greedy())
+    swapped = with_tree(method, Chain(2))
+    assert swapped.drafter.tree == Chain(2) and method.drafter.tree == Chain(4)
+    assert swapped.drafter.model is method.drafter.model
+    with pytest.raises(ValueError, match="takes no tree"):
+        with_tree(prompt_lookup(), Chain(2))
+    assert isinstance(prompt_lookup().drafter, PromptLookup)
