@@ -3,7 +3,17 @@
 Notation: ``p`` is the target distribution, ``q`` the draft distribution. See ``docs/concepts.md``.
 """
 
-from specprim import acceptance, drafters, hf, masks, models, residual, sampling, trees
+from specprim import (
+    acceptance,
+    drafters,
+    hf,
+    masks,
+    models,
+    residual,
+    sampling,
+    speedup,
+    trees,
+)
 from specprim._loop import GenerateOutput, speculative_generate
 from specprim._stats import GenerationStats
 from specprim._types import DraftTree, Verdict, truncate_tree
@@ -23,6 +33,7 @@ __all__ = [
     "residual",
     "sampling",
     "speculative_generate",
+    "speedup",
     "trees",
     "truncate_tree",
 ]

@@ -5,6 +5,31 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+SiblingOutcome = tuple[int, int, int]
+"""``(depth, children, accepted_rank)``: children of depth ``depth``, ``accepted_rank`` in ``[-1, children)``."""
+
+
+def sibling_outcomes(parents: Sequence[int], path: Sequence[int]) -> list[SiblingOutcome]:
+    """The sibling outcomes of one verified tree.
+
+    Args:
+        parents: the tree's parent list (``-1`` for children of the root, topological).
+        path: the accepted node ids, root's child first (without ``-1`` padding).
+    Returns:
+        one ``(depth, children, accepted_rank)`` per node of ``[root] + path`` that has children.
+    """
+    children: dict[int, list[int]] = {}
+    for node, parent in enumerate(parents):
+        children.setdefault(parent, []).append(node)
+    outcomes = []
+    for depth, parent in enumerate([-1, *path], start=1):
+        kids = children.get(parent)
+        if not kids:
+            break
+        chosen = path[depth - 1] if depth - 1 < len(path) else None
+        outcomes.append((depth, len(kids), kids.index(chosen) if chosen is not None else -1))
+    return outcomes
+
 
 @dataclasses.dataclass
 class GenerationStats:
@@ -15,7 +40,8 @@ class GenerationStats:
     Times in seconds: ``draft_s`` (propose), ``verify_s`` (the target forward), ``other_s`` (acceptance,
     cache commit and bookkeeping). ``sibling_outcomes``: one ``(depth, children, accepted_rank)`` per node of every
     accepted path that had children (the root included; ``accepted_rank`` is ``-1`` when no child was accepted),
-    the record :class:`specprim.speedup.RankAcceptance` estimates positional acceptance rates from.
+    the record :class:`specprim.speedup.RankAcceptance` estimates positional acceptance rates from;
+    ``tree_parents``: every verified tree's parents list (for predicting each step's tau).
     """
 
     accepted: list[int] = dataclasses.field(default_factory=list)
@@ -23,19 +49,22 @@ class GenerationStats:
     tree_nodes: list[int] = dataclasses.field(default_factory=list)
     emitted: list[int] = dataclasses.field(default_factory=list)
     sibling_outcomes: list[tuple[int, int, int]] = dataclasses.field(default_factory=list)
+    tree_parents: list[tuple[int, ...]] = dataclasses.field(default_factory=list)
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
 
     def record(
         self, *, accepted: int, tree_depth: int, tree_nodes: int, emitted: int,
-        draft_s: float, verify_s: float, total_s: float, sibling_outcomes: Sequence[tuple[int, int, int]] = (),
+        draft_s: float, verify_s: float, total_s: float, tree_parents: Sequence[int] = (), path: Sequence[int] = (),
     ) -> None:
+        """Append one step; ``tree_parents`` and the accepted ``path`` (node ids) give its sibling outcomes."""
         self.accepted.append(accepted)
         self.tree_depth.append(tree_depth)
         self.tree_nodes.append(tree_nodes)
         self.emitted.append(emitted)
-        self.sibling_outcomes.extend(sibling_outcomes)
+        self.tree_parents.append(tuple(tree_parents))
+        self.sibling_outcomes.extend(sibling_outcomes(tree_parents, path))
         self.draft_s += draft_s
         self.verify_s += verify_s
         self.other_s += total_s - draft_s - verify_s

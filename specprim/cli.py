@@ -12,7 +12,9 @@ import torch
 from specprim import models, presets
 from specprim.bench import add_bench_parser
 from specprim.hf import check_tokenizers_compatible
+from specprim.speedup._cli import add_tune_parser
 from specprim.train._cli import add_train_parser
+from specprim.trees._spec import SPEC_HELP
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -36,14 +38,14 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
 
 def generate_command(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
-    model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype])
+    model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], quantize=args.quantize)
     draft = None
     if args.draft:
-        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype])
+        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], quantize=args.draft_quantize)
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
     try:
         method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
-                                   exit_layer=args.exit_layer)
+                                   exit_layer=args.exit_layer, tree=args.tree)
     except ValueError as error:
         raise SystemExit(f"specprim generate: {error}") from error
     ids = chat_input_ids(tokenizer, args.prompt)
@@ -70,7 +72,8 @@ def generate_command(args: argparse.Namespace) -> int:
     print(tokenizer.decode(new_ids, skip_special_tokens=True))
     print("---")
     stats = out.stats
-    print(f"method {args.method} | target {args.target} ({args.dtype}) | new tokens {len(new_ids)} | "
+    weights = f", {args.quantize} weights" if args.quantize else ""
+    print(f"method {args.method} | target {args.target} ({args.dtype}{weights}) | new tokens {len(new_ids)} | "
           f"steps {stats.steps} | tau {stats.tau:.2f} (mean accepted length, bonus token included)")
     line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate {plain_rate:.1f} tok/s | "
             f"speedup {spec_rate / plain_rate:.2f}x")
@@ -96,14 +99,20 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-draft", type=int, help="draft tokens per step (default: the preset's)")
+    gen.add_argument("--tree", help=f"replace the preset's tree shape: {SPEC_HELP} (see specprim tune)")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--top-p", type=float)
     gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    gen.add_argument("--quantize", choices=models.QUANTIZE_SCHEMES,
+                     help="weight-only quantize the target's linear layers (the plain baseline runs the same model)")
+    gen.add_argument("--draft-quantize", choices=models.QUANTIZE_SCHEMES,
+                     help="weight-only quantize the --draft model's linear layers")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=generate_command)
     add_bench_parser(commands)
     add_train_parser(commands)
+    add_tune_parser(commands)
     return parser
 
 

@@ -238,3 +238,19 @@ def test_turns_keeps_the_first_turns_only(target, tokenizer):
     assert results.meta["settings"]["turns"] == 1
     with pytest.raises(ValueError, match="turns"):
         bench.run(target=target, tokenizer=tokenizer, methods=[], prompts=PROMPTS, max_new_tokens=4, turns=0)
+
+
+def test_predict_adds_the_speedup_model_and_tree_replaces_the_presets_shape(target, tokenizer):
+    draft = tiny_causal_lm("llama", seed=1)
+    results = bench.run(target=target, tokenizer=tokenizer, draft=draft, methods=["leviathan"],
+                        prompts=PROMPTS[1:], max_new_tokens=8, predict=True, tree="dynamic:depth=2,top_k=2,budget=3",
+                        custom={"chain": presets.leviathan(draft, k=2)})
+    tree_run = results.summary("leviathan")
+    assert tree_run.predicted_tau >= 1.0 and tree_run.predicted_speedup > 0
+    assert tree_run.achieved_over_predicted == pytest.approx(tree_run.speedup / tree_run.predicted_speedup)
+    assert max(r.tau for r in results.prompts if r.method == "leviathan") <= 3.0  # depth 2 + the bonus
+    assert results.summary("hf").predicted_speedup is None
+    assert "achieved / predicted" in results.markdown() and results.meta["settings"]["predict"] is True
+    without = bench.run(target=target, tokenizer=tokenizer, methods=["prompt-lookup"], prompts=PROMPTS[1:],
+                        max_new_tokens=4)
+    assert "predicted" not in without.markdown()

@@ -209,3 +209,25 @@ def test_parse_tree_and_with_tree():
     with pytest.raises(ValueError, match="takes no tree"):
         with_tree(prompt_lookup(), Chain(2))
     assert isinstance(prompt_lookup().drafter, PromptLookup)
+
+
+def test_tune_measures_acceptance_and_costs_and_reports_a_choice():
+    from specprim.acceptance import SpeculativeSampling
+    from specprim.speedup import tune
+    from specprim.speedup._cli import report
+
+    target, draft = tiny_causal_lm("llama", seed=0), tiny_causal_lm("llama", seed=1)
+    prompts = [torch.randint(2, VOCAB, (1, 6), generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
+    method = Method(ModelDrafter(draft, Chain(4)), SpeculativeSampling())
+    result = tune(target, method, prompts, max_new_tokens=8, probe_tree=DynamicTree(depth=2, top_k=2, budget=4),
+                  max_nodes=4, repeats=1)
+    assert result.acceptance.max_depth >= 1 and result.probe_tau >= 1.0
+    assert len(result.costs.draft_s) == 2 and result.costs.verify_sizes[-1] == 4
+    assert result.choice.nodes <= 4 and result.choice.depth <= 2 and result.choice.top_k <= 2
+    assert result.to_json()["choice"]["spec"] == result.choice.spec()
+    text = report(result, "tiny")
+    assert "best tree: --tree" in text and "| nodes |" in text
+    with pytest.raises(ValueError, match="takes no tree"):
+        tune(target, prompt_lookup(), prompts)
+    with pytest.raises(ValueError, match="at least one prompt"):
+        tune(target, method, [])

@@ -8,6 +8,8 @@ from pathlib import Path
 
 from specprim.bench._datasets import DATASETS, DatasetFetchError
 from specprim.bench._run import DTYPES, run
+from specprim.models import QUANTIZE_SCHEMES
+from specprim.trees._spec import SPEC_HELP
 
 _REQUIRED = ("target", "method", "max_new_tokens")
 
@@ -33,10 +35,16 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     bench.add_argument("--top-k", type=int)
     bench.add_argument("--top-p", type=float)
     bench.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    bench.add_argument("--quantize", choices=QUANTIZE_SCHEMES,
+                       help="weight-only quantize the target's linear layers (hf and every method use that model)")
     bench.add_argument("--draft", help="draft model for leviathan and hf-assisted")
+    bench.add_argument("--draft-quantize", choices=QUANTIZE_SCHEMES, help="weight-only quantize the --draft model")
     bench.add_argument("--num-draft", type=int, help="draft tokens per step (default: each method's own)")
     bench.add_argument("--head", type=Path, help="head directory for medusa, eagle, eagle3, mtp (passed as head=)")
     bench.add_argument("--exit-layer", type=int, help="layer the early-exit preset drafts from")
+    bench.add_argument("--predict", action="store_true",
+                       help="time verification against tree size and print the speedup model's prediction")
+    bench.add_argument("--tree", help=f"replace the presets' tree shapes: {SPEC_HELP} (see specprim tune)")
     bench.add_argument("--acceptance", help="replace the presets' acceptance rule: speculative, greedy or typical")
     bench.add_argument("--repeats", type=int, default=1, help="measure every (prompt, method) R times")
     bench.add_argument("--seed", type=int, default=0)
@@ -61,8 +69,10 @@ def bench_command(args: argparse.Namespace) -> int:
             target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
             num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, draft=args.draft, num_draft=args.num_draft,
-            head=args.head, exit_layer=args.exit_layer, acceptance=args.acceptance, repeats=args.repeats,
+            top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, quantize=args.quantize, draft=args.draft,
+            draft_quantize=args.draft_quantize, num_draft=args.num_draft,
+            head=args.head, exit_layer=args.exit_layer, tree=args.tree, acceptance=args.acceptance,
+            repeats=args.repeats, predict=args.predict,
             seed=args.seed, json_path=args.json,
             plot_dir=args.plot, progress=sys.stderr.isatty(),
         )

@@ -24,6 +24,8 @@ def merge_stats(parts: Sequence[GenerationStats]) -> GenerationStats:
         merged.tree_depth += part.tree_depth
         merged.tree_nodes += part.tree_nodes
         merged.emitted += part.emitted
+        merged.sibling_outcomes += part.sibling_outcomes
+        merged.tree_parents += part.tree_parents
         merged.draft_s += part.draft_s
         merged.verify_s += part.verify_s
         merged.other_s += part.other_s
@@ -119,7 +121,8 @@ class MethodSummary:
     total steps. ``drafter_params`` / ``drafter_param_bytes``: parameters the method adds to the target (not
     shared with it). ``peak_extra_bytes``: the largest peak memory of the method's generations minus the
     baseline's. ``identical``: every row equal to the baseline's output (greedy only), with counts of rows
-    and of divergence kinds.
+    and of divergence kinds. ``predicted_tau`` / ``predicted_speedup``: the speedup model's prediction for the
+    run's own trees (``bench --predict``, see :func:`specprim.bench._predict.predict_method`), else ``None``.
     """
 
     method: str
@@ -148,6 +151,15 @@ class MethodSummary:
     identical_rows: int | None
     rows: int
     divergences: dict[str, int]
+    predicted_tau: float | None = None
+    predicted_speedup: float | None = None
+
+    @property
+    def achieved_over_predicted(self) -> float | None:
+        """Achieved speedup (over ``hf``) / the speedup model's prediction (over one plain forward step)."""
+        if self.speedup is None or not self.predicted_speedup:
+            return None
+        return self.speedup / self.predicted_speedup
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

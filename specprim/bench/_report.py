@@ -11,6 +11,7 @@ COLUMNS = (
     "method", "tau", "accepted/step", "tok/s", "speedup", "tok/forward", "draft ms/step", "verify ms/step",
     "other ms/step", "identical", "extra params", "peak mem vs hf",
 )
+PREDICTION_COLUMNS = ("predicted tau", "predicted speedup", "achieved / predicted")
 
 
 def _num(value: float | None, digits: int = 2, suffix: str = "") -> str:
@@ -53,6 +54,10 @@ def _cells(s: MethodSummary) -> list[str]:
     ]
 
 
+def _prediction_cells(s: MethodSummary) -> list[str]:
+    return [_num(s.predicted_tau), _num(s.predicted_speedup, 2, "x"), _num(s.achieved_over_predicted)]
+
+
 def heading(meta: Mapping[str, Any]) -> str:
     """One line naming the setting: target, dtype, dataset, prompts x repeats, budget, temperature, machine."""
     s = meta.get("settings", {})
@@ -69,9 +74,11 @@ def markdown_table(summaries: Sequence[MethodSummary], meta: Mapping[str, Any] |
     lines = []
     if meta:
         lines += [heading(meta), ""]
-    lines.append("| " + " | ".join(COLUMNS) + " |")
-    lines.append("|" + "---|" * len(COLUMNS))
-    lines += ["| " + " | ".join(_cells(s)) + " |" for s in summaries]
+    predicted = any(s.predicted_speedup is not None for s in summaries)
+    columns = COLUMNS + PREDICTION_COLUMNS if predicted else COLUMNS
+    lines.append("| " + " | ".join(columns) + " |")
+    lines.append("|" + "---|" * len(columns))
+    lines += ["| " + " | ".join(_cells(s) + (_prediction_cells(s) if predicted else [])) + " |" for s in summaries]
     return "\n".join(lines)
 
 

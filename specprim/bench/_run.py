@@ -16,22 +16,25 @@ from specprim.bench._env import environment, load_average
 from specprim.bench._memory import PeakMemory
 from specprim.bench._methods import BASELINE, BenchMethod, Decoding, MethodContext, SpecprimGenerate, build_method
 from specprim.bench._plots import write_plots
-from specprim.bench._prompts import Prompt, read_prompts
+from specprim.bench._prompts import Prompt, conversation_ids, read_prompts
 from specprim.bench._report import heading
 from specprim.bench._results import BenchResults
 from specprim.bench._runner import SEED_STRIDE, measure
 from specprim.hf import check_tokenizers_compatible, input_device
+from specprim.speedup import CostModel, measure_verify_costs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Model = torch.nn.Module
 
 
-def _load(model: str | os.PathLike[str] | Model, dtype: str) -> tuple[Model, Any]:
+def _load(model: str | os.PathLike[str] | Model, dtype: str, quantize: str | None) -> tuple[Model, Any]:
+    """Load ``model`` in ``dtype`` (weight-quantized if ``quantize``); a loaded model is returned as it is,
+    quantized in place when ``quantize`` is given."""
     if isinstance(model, Model):
-        return model, None
+        return (model if quantize is None else models.quantize_weights(model, quantize)), None
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return models.load(model, dtype=DTYPES[dtype])
+    return models.load(model, dtype=DTYPES[dtype], quantize=quantize)
 
 
 def resolve_prompts(dataset: str | None, prompts: str | os.PathLike[str] | Sequence[Prompt | str] | None,
@@ -78,10 +81,13 @@ def run(
     top_k: int | None = None,
     top_p: float | None = None,
     dtype: str = "float32",
+    quantize: str | None = None,
     draft: str | os.PathLike[str] | Model | None = None,
+    draft_quantize: str | None = None,
     num_draft: int | None = None,
     head: str | os.PathLike[str] | None = None,
     exit_layer: int | None = None,
+    tree: str | None = None,
     acceptance: str | None = None,
     repeats: int = 1,
     seed: int = 0,
@@ -90,6 +96,7 @@ def run(
     plot_dir: str | os.PathLike[str] | None = None,
     warmup_tokens: int = 8,
     progress: bool = False,
+    predict: bool = False,
     argv: Sequence[str] | None = None,
 ) -> BenchResults:
     """Benchmark ``methods`` against plain ``model.generate`` (``hf``, always measured first) on one target.
@@ -103,15 +110,22 @@ def run(
             or strings.
         num_prompts: use the first ``num_prompts`` prompts (default: all).
         turns: use only the first ``turns`` turns of every prompt (``1``: MT-bench first turns; default: all).
+        quantize: ``None`` or ``"int8"``: weight-only quantize the target (see
+            :func:`specprim.models.quantize_weights`); the ``hf`` baseline and every method run that same model.
+            A loaded ``target`` is quantized in place.
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
+        draft_quantize: like ``quantize``, for the draft model.
         num_draft: the preset's draft length.
         head: a head checkpoint directory, passed to ``presets.from_name`` as ``head=`` (only when given).
         exit_layer: an early-exit layer, passed to ``presets.from_name`` as ``exit_layer=`` (only when given).
+        tree: a tree spec (:func:`specprim.trees.parse_tree`) replacing the presets' shapes (only when given).
         acceptance: an acceptance rule name replacing the preset's (see ``ACCEPTANCE``).
         repeats: times every (prompt, method) pair is measured; ``seed`` seeds everything (see ``SEED_STRIDE``).
         custom: extra methods by label, a :class:`specprim.presets.Method` or any :class:`BenchMethod`.
         json_path: where to write the JSON results, if given.
         plot_dir: where to write the PNG plots, if given.
+        predict: time the target's verification against tree size first (:func:`specprim.speedup.
+            measure_verify_costs`) and add the speedup model's prediction to every specprim method's summary.
         argv: the command to record (default ``sys.argv``).
 
     Returns the :class:`BenchResults`. Raises ``ValueError`` for bad arguments, an unknown method or dataset, or a
@@ -121,41 +135,49 @@ def run(
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for name, scheme in (("quantize", quantize), ("draft_quantize", draft_quantize)):
+        if scheme is not None and scheme not in models.QUANTIZE_SCHEMES:
+            raise ValueError(f"{name} must be None or one of {list(models.QUANTIZE_SCHEMES)}, got {scheme!r}")
     torch.manual_seed(seed)
     prompt_list, label = resolve_prompts(dataset, prompts, num_prompts)
     if turns is not None:
         if turns < 1:
             raise ValueError(f"turns must be >= 1, got {turns}")
         prompt_list = [dataclasses.replace(p, turns=p.turns[:turns]) for p in prompt_list]
-    model, loaded_tokenizer = _load(target, dtype)
+    model, loaded_tokenizer = _load(target, dtype, quantize)
     tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
     if tokenizer is None:
         raise ValueError("pass tokenizer= with a loaded target model")
     draft_model = None
     if draft is not None:
-        draft_model, draft_tokenizer = _load(draft, dtype)
+        draft_model, draft_tokenizer = _load(draft, dtype, draft_quantize)
         if draft_tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
     options = {key: value for key, value in (("head", None if head is None else str(head)),
-                                              ("exit_layer", exit_layer)) if value is not None}
+                                              ("exit_layer", exit_layer), ("tree", tree)) if value is not None}
     context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
                             preset_options=options)
     method_map = _methods(methods, context, custom or {})
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)
+    costs = None
+    if predict:
+        first = conversation_ids(tokenizer, prompt_list[0].turns[:1], [])
+        costs = CostModel(*measure_verify_costs(model, first, sizes=(0, 1, 2, 4, 8, 16, 32, 64), repeats=3))
     load_before = load_average()
     rows, summaries = measure(target=model, tokenizer=tokenizer, prompts=prompt_list, methods=method_map,
                               decoding=decoding, dataset=label, repeats=repeats, seed=seed,
-                              warmup_tokens=warmup_tokens, progress=progress)
+                              warmup_tokens=warmup_tokens, progress=progress, costs=costs)
     settings = {
         "target": str(target) if not isinstance(target, Model) else type(target).__name__,
-        "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."),
+        "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."), "quantize": quantize,
         "device": str(input_device(model)), "dataset": label, "num_prompts": len(prompt_list),
         "prompt_ids": [p.id for p in prompt_list], "methods": list(method_map), "max_new_tokens": max_new_tokens,
         "turns": turns, "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,
         "draft": None if draft is None else (str(draft) if not isinstance(draft, Model) else type(draft).__name__),
-        "num_draft": num_draft, "head": None if head is None else str(head), "exit_layer": exit_layer,
-        "acceptance": acceptance,
+        "draft_quantize": draft_quantize, "num_draft": num_draft, "head": None if head is None else str(head),
+        "exit_layer": exit_layer,
+        "tree": tree, "acceptance": acceptance, "predict": predict,
         "warmup_tokens": warmup_tokens, "eos_token_id": tokenizer.eos_token_id,
     }
     meta = {

@@ -18,8 +18,10 @@ from specprim.bench._divergence import classify_divergence, first_difference
 from specprim.bench._memory import PeakMemory, extra_parameters
 from specprim.bench._methods import BASELINE, BenchMethod, Decoding
 from specprim.bench._metrics import MethodSummary, PromptRow, merge_stats, step_fields, summarize
+from specprim.bench._predict import predict_method
 from specprim.bench._prompts import Prompt, conversation_ids
 from specprim.hf import input_device
+from specprim.speedup import CostModel
 
 SEED_STRIDE = 10_007
 """Generation ``(prompt i, repeat r, turn t)`` of every method gets seed ``seed + SEED_STRIDE * i + 101 * r + t``."""
@@ -116,12 +118,13 @@ def answer(
 def measure(
     *, target: torch.nn.Module, tokenizer: object, prompts: Sequence[Prompt], methods: Mapping[str, BenchMethod],
     decoding: Decoding, dataset: str, repeats: int = 1, seed: int = 0, warmup_tokens: int = 8,
-    progress: bool = False,
+    progress: bool = False, costs: CostModel | None = None,
 ) -> tuple[list[PromptRow], list[MethodSummary]]:
     """Warm every method up on the first prompt (``warmup_tokens`` tokens), then time :func:`schedule`.
 
     ``methods`` must contain the baseline ``"hf"``. Returns the per-row records in schedule order and one
-    summary per method, in the order of ``methods``. Raises ``ValueError`` without the baseline or prompts.
+    summary per method, in the order of ``methods``; with ``costs`` each summary of a stepping method carries the
+    speedup model's prediction. Raises ``ValueError`` without the baseline or prompts.
     """
     if BASELINE not in methods:
         raise ValueError(f"the methods must include the baseline {BASELINE!r}")
@@ -146,8 +149,14 @@ def measure(
     baseline_rows = [r for r in rows if r.method == BASELINE]
     for name, method in methods.items():
         extra = extra_parameters(method.draft_modules, target)
-        summaries.append(summarize([r for r in rows if r.method == name], baseline_rows,
-                                   drafter_params=extra.count, drafter_param_bytes=extra.bytes))
+        summary = summarize([r for r in rows if r.method == name], baseline_rows,
+                            drafter_params=extra.count, drafter_param_bytes=extra.bytes)
+        records = [o.stats for s, o in outcomes.items() if s.method == name and o.stats is not None]
+        prediction = predict_method(merge_stats(records), costs) if costs is not None and records else None
+        if prediction is not None:
+            summary = dataclasses.replace(summary, predicted_tau=prediction.tau,
+                                          predicted_speedup=prediction.speedup)
+        summaries.append(summary)
     return rows, summaries
 
 

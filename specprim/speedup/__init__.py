@@ -9,11 +9,14 @@
   Sequoia-style); ``specprim tune`` runs the whole measurement from the command line.
 """
 
-from specprim.speedup._acceptance import RankAcceptance, SiblingOutcome, sibling_outcomes, sibling_ranks
+from specprim._stats import SiblingOutcome, sibling_outcomes
+from specprim.speedup._acceptance import RankAcceptance, sibling_ranks
 from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs
 from specprim.speedup._model import Prediction, TreeChoice, best_tree, expected_tau, predict
+from specprim.speedup._tune import PROBE_TREE, TuneResult, tune
 
 __all__ = [
+    "PROBE_TREE",
     "CostModel",
     "Prediction",
     "RankAcceptance",
@@ -26,4 +29,6 @@ __all__ = [
     "predict",
     "sibling_outcomes",
     "sibling_ranks",
+    "tune",
+    "TuneResult",
 ]

