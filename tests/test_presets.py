@@ -176,3 +176,26 @@ def test_sampled_generation_with_every_family_is_reproducible(target, heads):
             for _ in range(2)
         ]
         assert torch.equal(runs[0].sequences, runs[1].sequences), family
+
+
+def test_method_verifies_greedy_decoding_with_the_equivalent_greedy_rule(target, monkeypatch):
+    """Under greedy decoding a preset's SpeculativeSampling is swapped for Greedy: same tokens, same accepted
+    paths at every step; under sampling, and for any other rule, the given rule runs."""
+    from specprim.acceptance import SpeculativeSampling
+
+    draft = tiny_causal_lm("llama", seed=3, vocab=VOCAB)
+    prompt = torch.randint(2, VOCAB, (1, 5), generator=torch.Generator().manual_seed(0))
+    method = presets.leviathan(draft, tree=DynamicTree(depth=3, top_k=3, budget=8))
+    fast = method.generate(target, prompt, max_new_tokens=24)
+    slow = speculative_generate(target, prompt, drafter=method.drafter, acceptance=SpeculativeSampling(),
+                                max_new_tokens=24)
+    assert torch.equal(fast.sequences, slow.sequences) and fast.stats.accepted == slow.stats.accepted
+    assert sum(fast.stats.accepted) > 0
+    used = []
+    original = SpeculativeSampling.__call__
+    monkeypatch.setattr(SpeculativeSampling, "__call__",
+                        lambda self, *a, **k: used.append(1) or original(self, *a, **k))
+    method.generate(target, prompt, max_new_tokens=4)
+    assert not used  # greedy: the Greedy rule ran
+    method.generate(target, prompt, max_new_tokens=4, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    assert used  # sampling: the preset's own rule
