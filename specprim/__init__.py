@@ -14,6 +14,7 @@ from specprim import (
     speedup,
     trees,
 )
+from specprim._batch import BatchGenerateOutput
 from specprim._loop import GenerateOutput, speculative_generate
 from specprim._stats import GenerationStats
 from specprim._types import DraftTree, Verdict, truncate_tree
@@ -21,6 +22,7 @@ from specprim._types import DraftTree, Verdict, truncate_tree
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchGenerateOutput",
     "DraftTree",
     "GenerateOutput",
     "GenerationStats",

@@ -28,8 +28,9 @@ class GenerateOutput:
 def speculative_generate(
     target: torch.nn.Module,
     input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
     *,
-    drafter: Drafter,
+    drafter: Drafter | Sequence[Drafter],
     acceptance: AcceptanceRule,
     max_new_tokens: int,
     temperature: float = 0.0,
@@ -38,6 +39,7 @@ def speculative_generate(
     eos_token_id: int | Sequence[int] | None = None,
     generator: torch.Generator | None = None,
     streamer: object | None = None,
+    pad_token_id: int | None = None,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (1, T) with speculative decoding.
 
@@ -51,10 +53,22 @@ def speculative_generate(
     accepted block. ``generator`` is the only source of randomness (it must live on the target's input device).
     ``streamer`` receives the prompt, then each step's new tokens, like ``model.generate``'s streamer.
 
-    Raises ``ValueError`` for an empty prompt, batch size > 1, a negative budget, an invalid sampling setting,
+    Batches: with ``B > 1``, an ``attention_mask`` (B, T) (left padding) or a list of drafters (one per row),
+    rows are generated with ragged acceptance and one batched target forward per step, and the result is a
+    ``BatchGenerateOutput`` right-padded with ``pad_token_id`` (see ``docs/batch.md``).
+
+    Raises ``ValueError`` for an empty prompt, a negative budget, an invalid sampling setting,
     prompt + budget over the model's context, a tree whose ``q`` or tokens do not fit the target's vocabulary,
     or a greedy-only rule under sampling; ``FloatingPointError`` for NaN or +inf target logits.
     """
+    from specprim._batch import batch_generate, wants_batch
+
+    if wants_batch(input_ids, attention_mask, drafter):
+        return batch_generate(
+            target, input_ids, attention_mask, drafter=drafter, acceptance=acceptance, max_new_tokens=max_new_tokens,
+            temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
+            streamer=streamer, pad_token_id=pad_token_id,
+        )
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     verifier = HFTarget(target)
     ids = _check_prompt(input_ids).to(verifier.device)  # (1, T)
@@ -102,6 +116,7 @@ def speculative_generate(
         stats.record(
             accepted=accepted, tree_depth=tree.depth, tree_nodes=tree.num_nodes, emitted=new.shape[0],
             draft_s=drafted - start, verify_s=verified - drafted, total_s=time.perf_counter() - start,
+            tree_parents=tree.parent_list, path=path.tolist(),
         )
         if finished:
             break
@@ -129,8 +144,6 @@ def _check_prompt(input_ids: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"input_ids must be torch.long, got {input_ids.dtype}")
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: speculative decoding needs at least one token")
-    if input_ids.shape[0] != 1:
-        raise ValueError(f"batch size {input_ids.shape[0]} is not supported yet; pass one prompt (B = 1)")
     return input_ids
 
 
@@ -161,7 +174,7 @@ def _check_tree(tree: DraftTree, vocab_size: int) -> None:
 
 
 def _check_logits(logits: torch.Tensor) -> None:
-    if bool(torch.isfinite(logits).all()):
+    if bool(torch.isfinite(logits.sum())):  # one reduction and one sync when every logit is finite
         return
     if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
         raise FloatingPointError("the target produced NaN or +inf logits; check the model's dtype and weights")

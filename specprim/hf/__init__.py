@@ -1,5 +1,6 @@
 """Hugging Face integration: tree verification through a model's public forward and KV-cache commit."""
 
+from specprim.hf._batched_target import BatchedHFTarget
 from specprim.hf._draft_lm import LMDraftModel
 from specprim.hf._target import (
     HFTarget,
@@ -13,6 +14,7 @@ from specprim.hf._tokenizers import check_tokenizers_compatible
 from specprim.hf._truncate import num_layers, truncated_view
 
 __all__ = [
+    "BatchedHFTarget",
     "HFTarget",
     "LMDraftModel",
     "check_causal_lm",
