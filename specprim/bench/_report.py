@@ -63,9 +63,10 @@ def heading(meta: Mapping[str, Any]) -> str:
     s = meta.get("settings", {})
     hw = meta.get("hardware", {})
     gpus = ", ".join(hw.get("gpus") or []) or f"{hw.get('cpu', '?')}, {hw.get('torch_threads', '?')} threads"
-    return (f"target {s.get('target')} ({s.get('dtype')}) | dataset {s.get('dataset')}, {s.get('num_prompts')} "
-            f"prompts x {s.get('repeats')} repeats | max new tokens {s.get('max_new_tokens')} | temperature "
-            f"{s.get('temperature')} | {gpus}")
+    weights = f", {s['quantize']} weights" if s.get("quantize") else ""
+    return (f"target {s.get('target')} ({s.get('dtype')}{weights}) | dataset {s.get('dataset')}, "
+            f"{s.get('num_prompts')} prompts x {s.get('repeats')} repeats | max new tokens {s.get('max_new_tokens')} | "
+            f"temperature {s.get('temperature')} | {gpus}")
 
 
 def markdown_table(summaries: Sequence[MethodSummary], meta: Mapping[str, Any] | None = None) -> str:

