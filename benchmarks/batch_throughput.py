@@ -31,7 +31,7 @@ MODEL = "smollm2-135m-instruct"
 HEAD = "smollm2-135m-instruct-eagle3"
 METHODS = ("plain", "eagle3", "prompt-lookup", "eagle3-small", "prompt-lookup-small")
 DEFAULT_METHODS = ("plain", "eagle3", "prompt-lookup")
-SMALL_TREE = DynamicTree(depth=4, top_k=4, budget=8)  # "eagle3-small": a tree sized for batched CPU verification
+SMALL_TREE = DynamicTree(depth=1, top_k=3, budget=3)  # "eagle3-small": what `specprim tune` chose here (bf16, B = 1)
 
 
 def left_pad(prompts: list[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -131,14 +131,10 @@ def random_parents(num_nodes: int, generator: torch.Generator) -> list[int]:
 
 
 def block_mask(parents: list[int]) -> torch.Tensor:
-    """(1 + N, 1 + N) bool mask of the ``[root] + tree`` block: all see the root, nodes their ancestors-or-self."""
-    from specprim.masks import tree_attention_mask
+    """(1 + N, 1 + N) bool mask of the ``[root] + tree`` block."""
+    from specprim.kernels import tree_block_mask
 
-    size = len(parents) + 1
-    mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:, 0] = True
-    mask[1:, 1:] = tree_attention_mask(parents)
-    return mask
+    return tree_block_mask(parents)
 
 
 def random_qkv(shape: dict[str, int], dtype: torch.dtype, device: torch.device, generator: torch.Generator):

@@ -47,7 +47,7 @@ from specprim.kernels import (  # noqa: E402
     tree_attention_reference,
     use_tree_kernel,
 )
-from specprim.masks import tree_attention_mask, tree_verification_mask  # noqa: E402
+from specprim.masks import tree_verification_mask  # noqa: E402
 from specprim.trees import StaticTree  # noqa: E402
 
 in_process = pytest.mark.skipif(
@@ -83,13 +83,7 @@ def random_parents(num_nodes: int, generator: torch.Generator) -> list[int]:
     return [int(torch.randint(-1, i, (1,), generator=generator)) if i else -1 for i in range(num_nodes)]
 
 
-def block_mask(parents: list[int]) -> torch.Tensor:
-    """(1 + N, 1 + N) bool tree-block mask of ``[root] + tree``: everyone sees the root, nodes their ancestors."""
-    size = len(parents) + 1
-    mask = torch.zeros(size, size, dtype=torch.bool)
-    mask[:, 0] = True
-    mask[1:, 1:] = tree_attention_mask(parents)
-    return mask
+block_mask = specprim.kernels.tree_block_mask
 
 
 def random_qkv(batch, heads, kv_heads, tree_len, prefix, head_dim, dtype, generator):
@@ -254,3 +248,9 @@ def test_only_the_kernel_module_imports_triton():
         if re.search(r"^\s*(import|from)\s+triton\b", path.read_text(encoding="utf-8"), flags=re.MULTILINE)
     ]
     assert importers == ["kernels/_triton_kernel.py"]
+
+
+def test_tree_block_mask_is_the_tree_block_of_the_verification_mask():
+    parents = [-1, -1, 0, 1, 3, 3]
+    full = tree_verification_mask(parents, 5, dtype=torch.float32)[0, 0]  # (1 + N, 5 + 1 + N) additive
+    assert torch.equal(specprim.kernels.tree_block_mask(parents), full[:, 5:] == 0)

@@ -9,13 +9,13 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specprim._types import DraftTree
-from specprim.hf._target import _cache_kwarg, check_causal_lm, context_length, input_device, sliding_window, vocab_size
+from specprim.hf._target import ModelRunner
 from specprim.masks import tree_attention_mask
 
 __all__ = ["BatchedHFTarget"]
 
 
-class BatchedHFTarget:
+class BatchedHFTarget(ModelRunner):
     """A causal LM as the target of a batch of independent speculative generations (rows), with one KV cache.
 
     The cache is *ragged*: it has ``S`` slots per row, and ``valid`` (B, S) says which slots hold a committed
@@ -35,22 +35,11 @@ class BatchedHFTarget:
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        check_causal_lm(model)
-        self.model = model
-        self.device = input_device(model)
-        self.vocab_size = vocab_size(model)
-        self.context_length = context_length(model)
-        self.sliding_window = sliding_window(model)
-        self._cache_kwarg = _cache_kwarg(model)
-        self.cache: DynamicCache | None = None
+        super().__init__(model)
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # (B, S)
         self.root_positions = torch.zeros(0, dtype=torch.long)  # (B,)
         self.compactions = 0
         self._pending = 0  # slots before the last verification
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.model.get_input_embeddings().weight.dtype
 
     @property
     def num_slots(self) -> int:
@@ -60,19 +49,6 @@ class BatchedHFTarget:
     @property
     def batch_size(self) -> int:
         return self.valid.shape[0]
-
-    def check_length(self, total_length: int) -> None:
-        """Raise ``ValueError`` if a row of ``total_length`` tokens does not fit the model's context window."""
-        if self.context_length is not None and total_length > self.context_length:
-            raise ValueError(
-                f"prompt + max_new_tokens = {total_length} tokens exceeds the model's context window "
-                f"of {self.context_length}"
-            )
-        if self.sliding_window is not None and total_length >= self.sliding_window:
-            raise ValueError(
-                f"{total_length} tokens reach the model's sliding attention window ({self.sliding_window}); "
-                "tree verification supports sliding-window layers only within the window"
-            )
 
     @torch.no_grad()
     def start(
@@ -242,7 +218,7 @@ class BatchedHFTarget:
         assert self.cache is not None
         return [layer for layer in self.cache.layers if layer.is_initialized]
 
-    def _forward(
+    def _forward(  # type: ignore[override]
         self,
         ids: torch.Tensor,
         allowed: torch.Tensor,
@@ -252,18 +228,5 @@ class BatchedHFTarget:
         """ids (B, Q), allowed (B, Q, K) bool, position_ids (B, Q) -> logits (B, Q, V) and the hidden states."""
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         mask = mask.masked_fill(~allowed, torch.finfo(self.dtype).min)[:, None]  # (B, 1, Q, K) additive
-        out = self.model(
-            input_ids=ids, attention_mask=mask, position_ids=position_ids, use_cache=True,
-            output_hidden_states=bool(feature_layers), **{self._cache_kwarg: self.cache},
-        )
-        hidden = tuple(out.hidden_states[i].to(self.device) for i in feature_layers) if feature_layers else ()
-        return out.logits.to(self.device), hidden
-
-    def _check_cache_layers(self) -> None:
-        assert self.cache is not None
-        for layer in self.cache.layers:
-            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-                raise TypeError(
-                    f"{type(self.model).__name__} uses cache layer {type(layer).__name__}; tree verification "
-                    "supports dynamic full-attention and sliding-window layers only"
-                )
+        logits, hidden = super()._forward(ids, mask, position_ids, feature_layers)
+        return logits.to(self.device), hidden

@@ -71,18 +71,9 @@ def _cache_kwarg(model: PreTrainedModel) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-class HFTarget:
-    """A Hugging Face causal LM as a speculative-decoding target, with its KV cache.
-
-    The cache always holds every committed token except the last one, the *root*. :meth:`verify` runs one
-    forward over ``[root] + tree`` with an ancestor-or-self 4D mask and depth position ids, and :meth:`commit`
-    keeps the KV entries of the root and the accepted path and drops the rest.
-
-    Works for models whose forward accepts a 4D ``attention_mask`` and ``position_ids`` and uses the standard
-    dynamic cache (Llama, Qwen2, GPT-2, Gemma-3, ...). Layers with sliding-window attention are supported while
-    the whole sequence fits inside the window; beyond it a ``ValueError`` says so. Inputs are placed on the
-    device of the input embeddings, so a model dispatched with ``device_map="auto"`` works unchanged.
-    """
+class ModelRunner:
+    """What :class:`HFTarget` and :class:`~specprim.hf.BatchedHFTarget` share: a causal LM, its limits, one
+    dynamic KV cache, and the forward that scores tokens through the model's public ``forward``."""
 
     def __init__(self, model: PreTrainedModel) -> None:
         check_causal_lm(model)
@@ -93,7 +84,6 @@ class HFTarget:
         self.sliding_window = sliding_window(model)
         self._cache_kwarg = _cache_kwarg(model)
         self.cache: DynamicCache | None = None
-        self.past_length = 0
 
     @property
     def dtype(self) -> torch.dtype:
@@ -111,6 +101,50 @@ class HFTarget:
                 f"{total_length} tokens reach the model's sliding attention window ({self.sliding_window}); "
                 "tree verification supports sliding-window layers only within the window"
             )
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+        feature_layers: tuple[int, ...],
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """ids (B, Q) through the model with the cache -> logits (B, Q, V) and the ``feature_layers`` hidden
+        states (B, Q, H) on :attr:`device`."""
+        kwargs = {self._cache_kwarg: self.cache}
+        out = self.model(
+            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
+            output_hidden_states=bool(feature_layers), **kwargs,
+        )
+        hidden = tuple(out.hidden_states[i].to(self.device) for i in feature_layers) if feature_layers else ()
+        return out.logits, hidden
+
+    def _check_cache_layers(self) -> None:
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
+                raise TypeError(
+                    f"{type(self.model).__name__} uses cache layer {type(layer).__name__}; tree verification "
+                    "supports dynamic full-attention and sliding-window layers only"
+                )
+
+
+class HFTarget(ModelRunner):
+    """A Hugging Face causal LM as a speculative-decoding target, with its KV cache.
+
+    The cache always holds every committed token except the last one, the *root*. :meth:`verify` runs one
+    forward over ``[root] + tree`` with an ancestor-or-self 4D mask and depth position ids, and :meth:`commit`
+    keeps the KV entries of the root and the accepted path and drops the rest.
+
+    Works for models whose forward accepts a 4D ``attention_mask`` and ``position_ids`` and uses the standard
+    dynamic cache (Llama, Qwen2, GPT-2, Gemma-3, ...). Layers with sliding-window attention are supported while
+    the whole sequence fits inside the window; beyond it a ``ValueError`` says so. Inputs are placed on the
+    device of the input embeddings, so a model dispatched with ``device_map="auto"`` works unchanged.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__(model)
+        self.past_length = 0
 
     @torch.no_grad()
     def start(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
@@ -191,27 +225,3 @@ class HFTarget:
             if isinstance(layer, DynamicSlidingWindowLayer):
                 layer.cumulative_length = layer.keys.shape[-2]
         self.past_length = tree_start + accepted
-
-    def _forward(
-        self,
-        ids: torch.Tensor,
-        attention_mask: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
-        feature_layers: tuple[int, ...],
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-        kwargs = {self._cache_kwarg: self.cache}
-        out = self.model(
-            input_ids=ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-            output_hidden_states=bool(feature_layers), **kwargs,
-        )
-        hidden = tuple(out.hidden_states[i].to(self.device) for i in feature_layers) if feature_layers else ()
-        return out.logits, hidden
-
-    def _check_cache_layers(self) -> None:
-        assert self.cache is not None
-        for layer in self.cache.layers:
-            if type(layer) not in (DynamicLayer, DynamicSlidingWindowLayer):
-                raise TypeError(
-                    f"{type(self.model).__name__} uses cache layer {type(layer).__name__}; tree verification "
-                    "supports dynamic full-attention and sliding-window layers only"
-                )

@@ -12,7 +12,7 @@ from specprim.kernels._hf_attention import (
     tree_attention_forward,
     use_tree_kernel,
 )
-from specprim.kernels._reference import dense_tree_mask, tree_attention_reference
+from specprim.kernels._reference import dense_tree_mask, tree_attention_reference, tree_block_mask
 from specprim.kernels._tree_attention import (
     interpreter_requested,
     kernel_supports_device,
@@ -29,6 +29,7 @@ __all__ = [
     "tree_attention",
     "tree_attention_forward",
     "tree_attention_reference",
+    "tree_block_mask",
     "triton_available",
     "use_tree_kernel",
 ]

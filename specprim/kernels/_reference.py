@@ -4,6 +4,18 @@ from __future__ import annotations
 
 import torch
 
+from specprim.masks import tree_attention_mask
+
+
+def tree_block_mask(parents: list[int]) -> torch.Tensor:
+    """(1 + N, 1 + N) bool tree mask of ``[root] + tree`` for a parents list: every token sees the root, node ``i``
+    its ancestors-or-self, the root only itself (the tree block of :func:`specprim.masks.tree_verification_mask`)."""
+    size = len(parents) + 1
+    mask = torch.zeros(size, size, dtype=torch.bool)
+    mask[:, 0] = True
+    mask[1:, 1:] = tree_attention_mask(parents)
+    return mask
+
 
 def dense_tree_mask(tree_mask: torch.Tensor, prefix_length: int) -> torch.Tensor:
     """(Q, Q) or (B, Q, Q) bool tree mask -> (B', 1, Q, P + Q) bool mask over ``prefix + tree`` keys.
