@@ -151,6 +151,8 @@ class MethodContext:
         acceptance: a name from :data:`ACCEPTANCE` replacing the preset's rule, or ``None``.
         preset_options: extra keyword arguments for ``presets.from_name`` (e.g. ``{"head": path}``); passed only
             when non-empty, so presets that take none keep working.
+        target_name: the target's known model name, when it was loaded by name (the llama.cpp baselines read its
+            GGUF file).
     """
 
     target: torch.nn.Module
@@ -158,6 +160,7 @@ class MethodContext:
     num_draft: int | None = None
     acceptance: str | None = None
     preset_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    target_name: str | None = None
 
 
 ACCEPTANCE: Mapping[str, Callable[[], Any]] = MappingProxyType({
@@ -191,9 +194,27 @@ HF_METHODS: Mapping[str, Callable[[MethodContext], BenchMethod]] = MappingProxyT
 })
 
 
+def _llama_cpp(context: MethodContext, prompt_lookup: int = 0) -> BenchMethod:
+    from specprim.bench._llama_cpp import LlamaCppGenerate
+    from specprim.models import KNOWN_MODELS, gguf_path
+
+    if context.target_name not in KNOWN_MODELS:
+        raise ValueError(f"the llama-cpp baselines run a known model's GGUF file; load the target by one of the names "
+                         f"{list(KNOWN_MODELS)}")
+    return LlamaCppGenerate(gguf=gguf_path(context.target_name), prompt_lookup=prompt_lookup)
+
+
+EXTERNAL_METHODS: Mapping[str, Callable[[MethodContext], BenchMethod]] = MappingProxyType({
+    "llama-cpp": _llama_cpp,
+    "llama-cpp-prompt-lookup": lambda context: _llama_cpp(context, context.num_draft or HF_PROMPT_LOOKUP_TOKENS),
+})
+"""Other runtimes on the same model, optional: ``llama-cpp`` needs ``llama-cpp-python`` (see ``_llama_cpp``)."""
+
+
 def method_names() -> tuple[str, ...]:
-    """Every method name: the Hugging Face modes, then ``specprim.presets.NAMES`` as it is now."""
-    return (*HF_METHODS, *presets.NAMES)
+    """Every method name: the Hugging Face modes, the other runtimes, then ``specprim.presets.NAMES`` as it is
+    now."""
+    return (*HF_METHODS, *EXTERNAL_METHODS, *presets.NAMES)
 
 
 def build_method(name: str, context: MethodContext) -> BenchMethod:
@@ -201,6 +222,8 @@ def build_method(name: str, context: MethodContext) -> BenchMethod:
     model or head, and an unknown acceptance rule."""
     if name in HF_METHODS:
         return HF_METHODS[name](context)
+    if name in EXTERNAL_METHODS:
+        return EXTERNAL_METHODS[name](context)
     if name not in presets.NAMES:
         raise ValueError(f"unknown method {name!r}; known: {list(method_names())}")
     try:

@@ -156,7 +156,7 @@ def run(
     options = {key: value for key, value in (("head", None if head is None else str(head)),
                                               ("exit_layer", exit_layer), ("tree", tree)) if value is not None}
     context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
-                            preset_options=options)
+                            preset_options=options, target_name=target if isinstance(target, str) else None)
     method_map = _methods(methods, context, custom or {})
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)

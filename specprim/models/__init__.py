@@ -7,7 +7,7 @@ transformers checkpoint in :func:`cache_dir` and loads it from there afterwards.
 
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
-from specprim.models._load import cache_dir, ensure_cached, load
+from specprim.models._load import cache_dir, ensure_cached, gguf_path, load
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
 from specprim.models._quantize import Int8Linear, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
@@ -23,6 +23,7 @@ __all__ = [
     "cache_dir",
     "check_gguf",
     "ensure_cached",
+    "gguf_path",
     "head_path",
     "known_heads",
     "load",

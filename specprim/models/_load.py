@@ -102,6 +102,24 @@ def ensure_cached(model: EmbeddedModel) -> Path:
     return final
 
 
+def gguf_path(name: str) -> Path:
+    """The original GGUF file of a known model, assembled from its wheels into ``cache_dir() / "gguf"`` on first
+    use (for runtimes that read GGUF directly, e.g. the llama.cpp benchmark baseline). ``ValueError`` for a name
+    that is not in :data:`KNOWN_MODELS`."""
+    if name not in KNOWN_MODELS:
+        raise ValueError(f"{name!r} is not a known model ({', '.join(KNOWN_MODELS)}); only those have a GGUF here")
+    model = KNOWN_MODELS[name]
+    final = cache_dir() / "gguf" / model.gguf_file
+    if not final.is_file():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{model.name}-", suffix=".partial", dir=final.parent))
+        try:
+            os.replace(_fetch.assemble_gguf(model, staging), final)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return final
+
+
 def _convert(model: EmbeddedModel, final: Path) -> None:
     """Fetch ``model``'s GGUF, convert it to a transformers checkpoint and move it to ``final`` atomically."""
     final.parent.mkdir(parents=True, exist_ok=True)
