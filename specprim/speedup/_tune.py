@@ -43,7 +43,7 @@ def tune(
     method: Method,
     prompts: Sequence[torch.Tensor],
     *,
-    max_new_tokens: int = 64,
+    max_new_tokens: int = 128,
     probe_tree: DynamicTree = PROBE_TREE,
     max_nodes: int = 64,
     repeats: int = 5,
