@@ -20,6 +20,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--distilled", type=int, default=64)
     parser.add_argument("--original", type=int, default=1500)
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                        help="the target's dtype while it answers (bfloat16 is about twice as fast on AMX CPUs)")
+    parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(2)
     conversations = sharegpt_conversations()
@@ -32,9 +35,9 @@ def main() -> None:
         with open("distill_order.jsonl", "w") as f:
             f.writelines(json.dumps(c) + "\n" for c in ordered)
     ordered = [json.loads(line) for line in open("distill_order.jsonl")][: args.distilled]
-    target, tokenizer = load("smollm2-135m-instruct", dtype=torch.float32)
+    target, tokenizer = load("smollm2-135m-instruct", dtype=getattr(torch, args.dtype))
     self_distill(target, tokenizer, ordered, "distilled.jsonl", max_new_tokens=256, max_prompt_tokens=384,
-                 batch_size=32)
+                 batch_size=args.batch_size)
     distilled = [json.loads(line) for line in open("distilled.jsonl")][: args.distilled]
     with open("combined.jsonl", "w") as f:
         for conversation in distilled + conversations[200:200 + args.original]:

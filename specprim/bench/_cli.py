@@ -37,6 +37,9 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     bench.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     bench.add_argument("--quantize", choices=QUANTIZE_SCHEMES,
                        help="weight-only quantize the target's linear layers (hf and every method use that model)")
+    bench.add_argument("--pack", action="store_true",
+                       help="pre-pack the bfloat16 target's (and draft's) linears for oneDNN (CPU); hf and every "
+                            "method use that model, hf-unpacked times the stock kernels")
     bench.add_argument("--draft", help="draft model for leviathan and hf-assisted")
     bench.add_argument("--draft-quantize", choices=QUANTIZE_SCHEMES, help="weight-only quantize the --draft model")
     bench.add_argument("--num-draft", type=int, help="draft tokens per step (default: each method's own)")
@@ -69,7 +72,8 @@ def bench_command(args: argparse.Namespace) -> int:
             target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
             num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
-            top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, quantize=args.quantize, draft=args.draft,
+            top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, quantize=args.quantize, pack=args.pack,
+            draft=args.draft,
             draft_quantize=args.draft_quantize, num_draft=args.num_draft,
             head=args.head, exit_layer=args.exit_layer, tree=args.tree, acceptance=args.acceptance,
             repeats=args.repeats, predict=args.predict,

@@ -30,15 +30,22 @@ class ParameterCount:
     bytes: int
 
 
+def _storage_key(tensor: torch.Tensor) -> int:
+    """The data pointer of ``tensor``; its ``id`` for an opaque oneDNN tensor (a packed weight), which has none."""
+    return id(tensor) if tensor.is_mkldnn else tensor.data_ptr()
+
+
 def extra_parameters(modules: Iterable[torch.nn.Module], target: torch.nn.Module) -> ParameterCount:
     """Parameters and buffers of ``modules`` that ``target`` does not share (same storage), counted once."""
-    shared = {t.data_ptr() for t in (*target.parameters(), *target.buffers()) if t.device.type != "meta"}
+    shared = {_storage_key(t) for t in (*target.parameters(), *target.buffers()) if t.device.type != "meta"}
     seen: set[int] = set()
     count = size = 0
     for module in modules:
         for tensor in (*module.parameters(), *module.buffers()):
-            pointer = tensor.data_ptr()
-            if tensor.device.type == "meta" or pointer in shared or pointer in seen:
+            if tensor.device.type == "meta":
+                continue
+            pointer = _storage_key(tensor)
+            if pointer in shared or pointer in seen:
                 continue
             seen.add(pointer)
             count += tensor.numel()

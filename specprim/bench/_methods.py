@@ -1,12 +1,14 @@
 """The methods a benchmark compares: Hugging Face ``generate`` modes and every specprim preset, by name.
 
-A name maps to a factory (no flag dispatch): ``hf``, ``hf-prompt-lookup`` and ``hf-assisted`` build
-:class:`HFGenerate` with fixed keyword arguments; every name in :data:`specprim.presets.NAMES` builds
-:class:`SpecprimGenerate` around ``presets.from_name``. New presets appear without edits here.
+A name maps to a factory (no flag dispatch): ``hf``, ``hf-unpacked`` (a packed target's stock kernels),
+``hf-prompt-lookup`` and ``hf-assisted`` build :class:`HFGenerate` with fixed keyword arguments; every name in
+:data:`specprim.presets.NAMES` builds :class:`SpecprimGenerate` around ``presets.from_name``. New presets appear
+without edits here.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
@@ -18,6 +20,7 @@ from specprim import presets
 from specprim._stats import GenerationStats
 from specprim.acceptance import Greedy, SpeculativeSampling, TypicalAcceptance
 from specprim.hf import input_device
+from specprim.models import PackedLinear, stock_kernels
 
 BASELINE = "hf"
 
@@ -73,15 +76,18 @@ class HFGenerate:
     """``model.generate`` with the fixed extra keyword arguments ``options`` (none: plain decoding).
 
     Sampling uses the global torch RNG, seeded with ``seed`` before the call; ``pad_token_id`` is the EOS id.
+    ``stock_kernels``: run inside :func:`specprim.models.stock_kernels` (a packed model computes unpacked).
     """
 
     model: torch.nn.Module
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     draft_modules: tuple[torch.nn.Module, ...] = ()
+    stock_kernels: bool = False
 
     def __repr__(self) -> str:
         shown = {k: type(v).__name__ if isinstance(v, torch.nn.Module) else v for k, v in self.options.items()}
-        return f"HFGenerate({type(self.model).__name__}.generate, options={shown})"
+        stock = ", stock_kernels=True" if self.stock_kernels else ""
+        return f"HFGenerate({type(self.model).__name__}.generate, options={shown}{stock})"
 
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, decoding: Decoding, seed: int) -> Generation:
@@ -90,10 +96,11 @@ class HFGenerate:
         pad = eos if eos is None or isinstance(eos, int) else list(eos)[0]
         if not decoding.greedy:
             torch.manual_seed(seed)
-        out = self.model.generate(
-            ids, attention_mask=torch.ones_like(ids), max_new_tokens=decoding.max_new_tokens,
-            eos_token_id=eos, pad_token_id=pad, **_sampling_kwargs(decoding), **self.options,
-        )
+        with stock_kernels() if self.stock_kernels else contextlib.nullcontext():
+            out = self.model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=decoding.max_new_tokens,
+                eos_token_id=eos, pad_token_id=pad, **_sampling_kwargs(decoding), **self.options,
+            )
         return Generation(new_ids=out[0, ids.shape[1]:].cpu(), stats=None)
 
 
@@ -175,6 +182,12 @@ def _hf(context: MethodContext) -> BenchMethod:
     return HFGenerate(model=context.target)
 
 
+def _hf_unpacked(context: MethodContext) -> BenchMethod:
+    if not any(isinstance(module, PackedLinear) for module in context.target.modules()):
+        raise ValueError("method 'hf-unpacked' times a packed target's stock kernels; pack the target (--pack)")
+    return HFGenerate(model=context.target, stock_kernels=True)
+
+
 def _hf_prompt_lookup(context: MethodContext) -> BenchMethod:
     tokens = context.num_draft or HF_PROMPT_LOOKUP_TOKENS
     return HFGenerate(model=context.target, options={"prompt_lookup_num_tokens": tokens})
@@ -190,7 +203,7 @@ def _hf_assisted(context: MethodContext) -> BenchMethod:
 
 
 HF_METHODS: Mapping[str, Callable[[MethodContext], BenchMethod]] = MappingProxyType({
-    BASELINE: _hf, "hf-prompt-lookup": _hf_prompt_lookup, "hf-assisted": _hf_assisted,
+    BASELINE: _hf, "hf-unpacked": _hf_unpacked, "hf-prompt-lookup": _hf_prompt_lookup, "hf-assisted": _hf_assisted,
 })
 
 

@@ -63,7 +63,7 @@ def heading(meta: Mapping[str, Any]) -> str:
     s = meta.get("settings", {})
     hw = meta.get("hardware", {})
     gpus = ", ".join(hw.get("gpus") or []) or f"{hw.get('cpu', '?')}, {hw.get('torch_threads', '?')} threads"
-    weights = f", {s['quantize']} weights" if s.get("quantize") else ""
+    weights = (f", {s['quantize']} weights" if s.get("quantize") else "") + (", packed" if s.get("pack") else "")
     return (f"target {s.get('target')} ({s.get('dtype')}{weights}) | dataset {s.get('dataset')}, "
             f"{s.get('num_prompts')} prompts x {s.get('repeats')} repeats | max new tokens {s.get('max_new_tokens')} | "
             f"temperature {s.get('temperature')} | {gpus}")

@@ -27,14 +27,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 Model = torch.nn.Module
 
 
-def _load(model: str | os.PathLike[str] | Model, dtype: str, quantize: str | None) -> tuple[Model, Any]:
-    """Load ``model`` in ``dtype`` (weight-quantized if ``quantize``); a loaded model is returned as it is,
-    quantized in place when ``quantize`` is given."""
+def _load(model: str | os.PathLike[str] | Model, dtype: str, quantize: str | None,
+          pack: bool) -> tuple[Model, Any]:
+    """Load ``model`` in ``dtype`` (weight-quantized if ``quantize``, packed if ``pack``); a loaded model is
+    returned as it is, quantized and packed in place when asked."""
     if isinstance(model, Model):
-        return (model if quantize is None else models.quantize_weights(model, quantize)), None
+        if quantize is not None:
+            models.quantize_weights(model, quantize)
+        if pack and not any(isinstance(m, models.PackedLinear) for m in model.modules()):
+            models.pack_weights(model)
+        return model, None
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return models.load(model, dtype=DTYPES[dtype], quantize=quantize)
+    return models.load(model, dtype=DTYPES[dtype], quantize=quantize, pack=pack)
 
 
 def resolve_prompts(dataset: str | None, prompts: str | os.PathLike[str] | Sequence[Prompt | str] | None,
@@ -82,6 +87,7 @@ def run(
     top_p: float | None = None,
     dtype: str = "float32",
     quantize: str | None = None,
+    pack: bool = False,
     draft: str | os.PathLike[str] | Model | None = None,
     draft_quantize: str | None = None,
     num_draft: int | None = None,
@@ -113,6 +119,8 @@ def run(
         quantize: ``None`` or ``"int8"``: weight-only quantize the target (see
             :func:`specprim.models.quantize_weights`); the ``hf`` baseline and every method run that same model.
             A loaded ``target`` is quantized in place.
+        pack: pre-pack the target's (and draft's) bfloat16 linear layers for oneDNN (:func:`specprim.models.
+            pack_weights`); ``hf`` and every method run the packed model, and ``hf-unpacked`` times the stock kernels.
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
         draft_quantize: like ``quantize``, for the draft model.
         num_draft: the preset's draft length.
@@ -144,13 +152,13 @@ def run(
         if turns < 1:
             raise ValueError(f"turns must be >= 1, got {turns}")
         prompt_list = [dataclasses.replace(p, turns=p.turns[:turns]) for p in prompt_list]
-    model, loaded_tokenizer = _load(target, dtype, quantize)
+    model, loaded_tokenizer = _load(target, dtype, quantize, pack)
     tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
     if tokenizer is None:
         raise ValueError("pass tokenizer= with a loaded target model")
     draft_model = None
     if draft is not None:
-        draft_model, draft_tokenizer = _load(draft, dtype, draft_quantize)
+        draft_model, draft_tokenizer = _load(draft, dtype, draft_quantize, pack)
         if draft_tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
     options = {key: value for key, value in (("head", None if head is None else str(head)),
@@ -171,6 +179,7 @@ def run(
     settings = {
         "target": str(target) if not isinstance(target, Model) else type(target).__name__,
         "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."), "quantize": quantize,
+        "pack": pack,
         "device": str(input_device(model)), "dataset": label, "num_prompts": len(prompt_list),
         "prompt_ids": [p.id for p in prompt_list], "methods": list(method_map), "max_new_tokens": max_new_tokens,
         "turns": turns, "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,

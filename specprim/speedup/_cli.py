@@ -34,6 +34,8 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
                       help="tokens per prompt (3 x 48 tokens measured r[1][0] 0.22 where 6 x 128 measured 0.33)")
     tune.add_argument("--max-nodes", type=int, default=64, help="largest tree considered")
     tune.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    tune.add_argument("--pack", action="store_true",
+                      help="pre-pack the bfloat16 models' linears for oneDNN (tune for the kernels you will run)")
     tune.add_argument("--repeats", type=int, default=5, help="timings per tree size (median)")
     tune.add_argument("--json", type=Path, help="write acceptance, costs, the curve and the choice here")
     tune.set_defaults(func=tune_command)
@@ -47,10 +49,10 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.hf import check_tokenizers_compatible
     from specprim.speedup._tune import tune
 
-    target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype])
+    target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], pack=args.pack)
     draft = None
     if args.draft:
-        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype])
+        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], pack=args.pack)
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
     try:
         method = presets.from_name(args.method, target=target, draft=draft, head=args.head,
@@ -60,7 +62,8 @@ def tune_command(args: argparse.Namespace) -> int:
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
     result = tune(target, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
                   repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
-    print(report(result, f"{args.method} on {args.target} ({args.dtype}), {len(prompts)} {args.dataset} prompts"))
+    setting = f"{args.dtype}, packed" if args.pack else args.dtype
+    print(report(result, f"{args.method} on {args.target} ({setting}), {len(prompts)} {args.dataset} prompts"))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result.to_json(), indent=1))
