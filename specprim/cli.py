@@ -85,6 +85,13 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _method_name(name: str) -> str:
+    if not presets.is_name(name):
+        raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(presets.NAMES)} or join "
+                                         "several with '+'")
+    return name
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specprim", description="Speculative decoding primitives.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -93,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--target", default="smollm2-135m-instruct",
                      help=f"target model: one of {sorted(models.KNOWN_MODELS)}, a local path or a hub id")
-    gen.add_argument("--method", choices=presets.NAMES, default="prompt-lookup")
+    gen.add_argument("--method", type=_method_name, default="prompt-lookup",
+                     help=f"one of {', '.join(presets.NAMES)}, or several joined by '+' (drafting together)")
     gen.add_argument("--draft", help="draft model for --method leviathan")
     gen.add_argument("--head", help="trained head directory for --method medusa / eagle / eagle3 / mtp")
     gen.add_argument("--exit-layer", type=int, help="exit layer for --method early-exit (default: half the layers)")

@@ -3,7 +3,8 @@
 Each preset returns a `Method`: the drafter (a draft model and a tree shape) and the acceptance rule that
 `speculative_generate` takes. Every preset verifies with `SpeculativeSampling`, which is lossless for greedy
 and sampled decoding alike (`Method.generate` runs the equivalent, cheaper `Greedy` under greedy decoding).
-`from_name` builds a preset from command-line style options.
+`from_name` builds a preset from command-line style options; a name joining presets with ``+`` (e.g.
+``eagle3+prompt-lookup``) drafts with all of them at once (:func:`union`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from specprim.drafters import (
     MTPHead,
     PromptLookup,
     TreeDrafter,
+    UnionDrafter,
     eagle_drafter,
 )
 from specprim.hf import num_layers
@@ -94,6 +96,25 @@ def mtp(head: MTPHead, k: int = 3, tree: TreeBuilder | None = None) -> Method:
     return Method(TreeDrafter(MTPDraftModel(head), tree or Chain(k)), SpeculativeSampling())
 
 
+def union(*methods: Method) -> Method:
+    """The methods' drafters at once (:class:`specprim.drafters.UnionDrafter`: their trees merged into one trie per
+    step), verified by the first method's rule. Every drafter must draft deterministically (greedy, top-k or
+    dynamic trees, prompt lookup). Raises ``ValueError`` for fewer than two methods or different acceptance rules."""
+    if len(methods) < 2:
+        raise ValueError(f"union needs at least two methods, got {len(methods)}")
+    rules = {repr(m.acceptance) for m in methods}
+    if len(rules) > 1:
+        raise ValueError(f"the methods verify with different rules ({', '.join(sorted(rules))}); a union verifies "
+                         "one tree with one rule")
+    return Method(UnionDrafter(*(m.drafter for m in methods)), methods[0].acceptance)
+
+
+def is_name(name: str) -> bool:
+    """Whether :func:`from_name` knows ``name``: one of :data:`NAMES`, or several distinct ones joined by ``+``."""
+    parts = name.split("+")
+    return all(part in _BY_NAME for part in parts) and len(set(parts)) == len(parts)
+
+
 def _check_version(head: EagleHead, version: int) -> None:
     if head.config.version != version:
         raise ValueError(f"this preset needs an EAGLE-{version} head, got EAGLE-{head.config.version}")
@@ -116,14 +137,20 @@ def from_name(
     ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the draft length of chain presets;
     ``exit_layer`` the early-exit layer (default: half the target's layers); ``tree`` replaces the preset's tree
     shape (a builder or a spec string for :func:`specprim.trees.parse_tree`, e.g. one chosen by ``specprim tune``).
-    Raises ``ValueError`` for an unknown name, a missing draft model or head, or a tree for prompt lookup.
+    A name of presets joined by ``+`` (``"eagle3+prompt-lookup"``) builds each with the same options and returns
+    their :func:`union`; ``tree`` then shapes the parts that draft with a tree (not prompt lookup).
+    Raises ``ValueError`` for an unknown name, a missing draft model or head, or a tree for prompt lookup alone.
     """
-    if name not in _BY_NAME:
-        raise ValueError(f"unknown method {name!r}; known: {list(NAMES)}")
-    method = _BY_NAME[name](_Options(target, draft, head, num_draft, exit_layer))
-    if tree is None:
-        return method
-    return with_tree(method, parse_tree(tree) if isinstance(tree, str) else tree)
+    if not is_name(name):
+        raise ValueError(f"unknown method {name!r}; known: {list(NAMES)}, or distinct ones joined by '+'")
+    options = _Options(target, draft, head, num_draft, exit_layer)
+    methods = [_BY_NAME[part](options) for part in name.split("+")]
+    if tree is not None:
+        if not any(isinstance(m.drafter, TreeDrafter) for m in methods):
+            raise ValueError(f"{name!r} does not draft with a tree shape; it takes no tree")
+        shape = parse_tree(tree) if isinstance(tree, str) else tree
+        methods = [with_tree(m, shape) if isinstance(m.drafter, TreeDrafter) else m for m in methods]
+    return methods[0] if len(methods) == 1 else union(*methods)
 
 
 def with_tree(method: Method, tree: TreeBuilder) -> Method:
@@ -184,9 +211,11 @@ __all__ = [
     "eagle",
     "eagle3",
     "from_name",
+    "is_name",
     "leviathan",
     "medusa",
     "mtp",
     "prompt_lookup",
+    "union",
     "with_tree",
 ]

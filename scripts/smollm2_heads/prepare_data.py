@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--distilled", type=int, default=64)
     parser.add_argument("--original", type=int, default=1500)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
-                        help="the target's dtype while it answers (bfloat16 is about twice as fast on AMX CPUs)")
+                        help="the target's dtype while it answers (bfloat16 runs packed, faster on AMX CPUs)")
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args()
     torch.set_num_threads(2)
@@ -35,7 +35,8 @@ def main() -> None:
         with open("distill_order.jsonl", "w") as f:
             f.writelines(json.dumps(c) + "\n" for c in ordered)
     ordered = [json.loads(line) for line in open("distill_order.jsonl")][: args.distilled]
-    target, tokenizer = load("smollm2-135m-instruct", dtype=getattr(torch, args.dtype))
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load("smollm2-135m-instruct", dtype=dtype, pack=dtype == torch.bfloat16)
     self_distill(target, tokenizer, ordered, "distilled.jsonl", max_new_tokens=256, max_prompt_tokens=384,
                  batch_size=args.batch_size)
     distilled = [json.loads(line) for line in open("distilled.jsonl")][: args.distilled]

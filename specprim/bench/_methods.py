@@ -2,8 +2,8 @@
 
 A name maps to a factory (no flag dispatch): ``hf``, ``hf-unpacked`` (a packed target's stock kernels),
 ``hf-prompt-lookup`` and ``hf-assisted`` build :class:`HFGenerate` with fixed keyword arguments; every name in
-:data:`specprim.presets.NAMES` builds :class:`SpecprimGenerate` around ``presets.from_name``. New presets appear
-without edits here.
+:data:`specprim.presets.NAMES` (or several joined by ``+``, drafting together) builds :class:`SpecprimGenerate`
+around ``presets.from_name``. New presets appear without edits here.
 """
 
 from __future__ import annotations
@@ -237,7 +237,7 @@ def build_method(name: str, context: MethodContext) -> BenchMethod:
         return HF_METHODS[name](context)
     if name in EXTERNAL_METHODS:
         return EXTERNAL_METHODS[name](context)
-    if name not in presets.NAMES:
+    if not presets.is_name(name):
         raise ValueError(f"unknown method {name!r}; known: {list(method_names())}")
     try:
         method = presets.from_name(

@@ -15,6 +15,7 @@ from specprim.drafters._model import ModelDrafter
 from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
 from specprim.drafters._prompt_lookup import PromptLookup
 from specprim.drafters._tree_drafter import TreeDrafter
+from specprim.drafters._union import UnionDrafter
 
 __all__ = [
     "DraftRequest",
@@ -34,6 +35,7 @@ __all__ = [
     "PromptLookup",
     "TargetFeatures",
     "TreeDrafter",
+    "UnionDrafter",
     "default_feature_layers",
     "default_medusa_tree",
     "eagle_drafter",

@@ -1,0 +1,106 @@
+"""Several drafters at once: their trees merged into one trie that the target verifies in a single forward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specprim._types import DraftRequest, DraftTree, Verdict
+from specprim.drafters._base import Drafter
+
+__all__ = ["UnionDrafter"]
+
+
+class UnionDrafter:
+    """Every step, each drafter proposes its own tree; the union is their merged trie (e.g. an EAGLE tree plus the
+    prompt-lookup continuations, so text that repeats the prompt and text the head predicts both get drafted).
+
+    Merging: the drafters' trees are added in the given order, node by node in each tree's topological order; a
+    node whose (merged parent, token) is already present is shared, so siblings keep distinct tokens, the first
+    drafter's nodes come first and keep their sibling order, and the union has at most the sum of the sizes. A
+    step where every drafter drafts nothing costs one plain target forward.
+
+    Losslessness: every drafter must draft deterministically (``sampling="deterministic"``: greedy chains, top-k
+    and dynamic trees, prompt lookup), and the union is then deterministic too. A deterministic rule (e.g.
+    :class:`specprim.acceptance.SpeculativeSampling` on deterministic trees, :class:`specprim.acceptance.Greedy`)
+    is lossless for any fixed set of distinct candidates, however it was chosen. Sampled trees are refused: merging
+    two samples would change the distribution the acceptance rule assumes.
+
+    Features: ``feature_layers`` is the union of the drafters' own (in order of first appearance); each drafter
+    gets a request with exactly its own layers, or ``features=None`` if it declares none.
+
+    ``observe``: each drafter learns the accepted path restricted to its own tree (the longest accepted prefix of
+    its nodes, in its own node ids) and the token the target emitted after that prefix.
+
+    Batch size 1 only (the merged shape depends on the data): ``ValueError`` otherwise.
+    """
+
+    def __init__(self, *drafters: Drafter) -> None:
+        if len(drafters) < 2:
+            raise ValueError(f"UnionDrafter needs at least two drafters, got {len(drafters)}")
+        for drafter in drafters:
+            if not isinstance(drafter, Drafter):
+                raise TypeError(f"{type(drafter).__name__} is not a Drafter (propose / observe)")
+        if len({id(d) for d in drafters}) != len(drafters):
+            raise ValueError("the same drafter object appears twice; pass distinct drafters")
+        self.drafters = tuple(drafters)
+        layers = [tuple(getattr(d, "feature_layers", ())) for d in drafters]
+        self.feature_layers: tuple[int, ...] = tuple(dict.fromkeys(layer for own in layers for layer in own))
+        self._layer_index = [[self.feature_layers.index(layer) for layer in own] for own in layers]
+        self._maps: list[list[int]] = []  # per drafter: its node i -> merged node
+        self._tokens: list[int] = []  # merged node -> token
+
+    def __repr__(self) -> str:
+        return f"UnionDrafter({', '.join(map(repr, self.drafters))})"
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        if request.input_ids.shape[0] != 1:
+            raise ValueError(f"UnionDrafter drafts for batch size 1, got {request.input_ids.shape[0]}")
+        trees = [drafter.propose(self._request_for(k, request)) for k, drafter in enumerate(self.drafters)]
+        for drafter, tree in zip(self.drafters, trees, strict=True):
+            if tree.sampling != "deterministic":
+                raise ValueError(f"{drafter!r} drafted a {tree.sampling!r} tree; UnionDrafter merges deterministic "
+                                 "trees only (greedy or top-k drafting, prompt lookup)")
+        tokens: list[int] = []
+        parents: list[int] = []
+        node_of: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
+        self._maps = []
+        for tree in trees:
+            to_merged: list[int] = []
+            for token, parent in zip(tree.tokens[0].tolist(), tree.parent_list, strict=True):
+                key = (-1 if parent == -1 else to_merged[parent], token)
+                node = node_of.get(key)
+                if node is None:
+                    node = node_of[key] = len(tokens)
+                    tokens.append(token)
+                    parents.append(key[0])
+                to_merged.append(node)
+            self._maps.append(to_merged)
+        self._tokens = tokens
+        device = request.input_ids.device
+        return DraftTree(tokens=torch.tensor([tokens], dtype=torch.long, device=device).reshape(1, len(tokens)),
+                         parents=torch.tensor(parents, dtype=torch.long).reshape(len(parents)),
+                         sampling="deterministic")
+
+    def observe(self, verdict: Verdict) -> None:
+        accepted = verdict.path[0, : int(verdict.num_accepted[0])].tolist()  # merged node ids, root downwards
+        for drafter, to_merged in zip(self.drafters, self._maps, strict=True):
+            own = {merged: node for node, merged in enumerate(to_merged)}
+            path: list[int] = []
+            for merged in accepted:
+                if merged not in own:
+                    break
+                path.append(own[merged])
+            after = verdict.next_token[:1] if len(path) == len(accepted) else verdict.next_token.new_tensor(
+                [self._tokens[accepted[len(path)]]])  # (1,) the token committed after this drafter's prefix
+            drafter.observe(Verdict(path=torch.tensor([path], dtype=torch.long).reshape(1, len(path)),
+                                    num_accepted=torch.tensor([len(path)]), next_token=after))
+
+    def _request_for(self, k: int, request: DraftRequest) -> DraftRequest:
+        """``request`` with the features of drafter ``k``'s own layers (or none)."""
+        features = request.features
+        if not self._layer_index[k] or features is None:
+            return dataclasses.replace(request, features=None)
+        hidden = tuple(features.hidden_states[i] for i in self._layer_index[k])
+        return dataclasses.replace(request, features=dataclasses.replace(features, hidden_states=hidden))
