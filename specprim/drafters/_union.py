@@ -24,8 +24,9 @@ class UnionDrafter:
     Losslessness: every drafter must draft deterministically (``sampling="deterministic"``: greedy chains, top-k
     and dynamic trees, prompt lookup), and the union is then deterministic too. A deterministic rule (e.g.
     :class:`specprim.acceptance.SpeculativeSampling` on deterministic trees, :class:`specprim.acceptance.Greedy`)
-    is lossless for any fixed set of distinct candidates, however it was chosen. Sampled trees are refused: merging
-    two samples would change the distribution the acceptance rule assumes.
+    is lossless for any set of distinct candidates chosen independently of the target's draws. Sampled trees are
+    refused: their rule depends on the ``q`` each node was drawn from, which a node of the union (shared by several
+    drafters, or drafted by a deterministic one) no longer has.
 
     Features: ``feature_layers`` is the union of the drafters' own (in order of first appearance); each drafter
     gets a request with exactly its own layers, or ``features=None`` if it declares none.
