@@ -20,7 +20,7 @@ from specprim import presets
 from specprim._stats import GenerationStats
 from specprim.acceptance import Greedy, SpeculativeSampling, TypicalAcceptance
 from specprim.hf import input_device
-from specprim.models import PackedLinear, stock_kernels
+from specprim.models import is_packed, stock_kernels
 
 BASELINE = "hf"
 
@@ -183,7 +183,7 @@ def _hf(context: MethodContext) -> BenchMethod:
 
 
 def _hf_unpacked(context: MethodContext) -> BenchMethod:
-    if not any(isinstance(module, PackedLinear) for module in context.target.modules()):
+    if not is_packed(context.target):
         raise ValueError("method 'hf-unpacked' times a packed target's stock kernels; pack the target (--pack)")
     return HFGenerate(model=context.target, stock_kernels=True)
 

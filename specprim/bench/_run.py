@@ -34,7 +34,7 @@ def _load(model: str | os.PathLike[str] | Model, dtype: str, quantize: str | Non
     if isinstance(model, Model):
         if quantize is not None:
             models.quantize_weights(model, quantize)
-        if pack and not any(isinstance(m, models.PackedLinear) for m in model.modules()):
+        if pack and not models.is_packed(model):
             models.pack_weights(model)
         return model, None
     if dtype not in DTYPES:

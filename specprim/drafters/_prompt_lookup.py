@@ -7,6 +7,7 @@ import dataclasses
 import torch
 
 from specprim._types import DraftRequest, DraftTree, Verdict
+from specprim.drafters._trie import merge_trees
 
 __all__ = ["PromptLookup"]
 
@@ -107,18 +108,9 @@ def _trie(sequences: list[list[int]]) -> tuple[list[int], list[int]]:
 
     Nodes are numbered in insertion order, so parents come first; no two siblings share a token.
     """
-    tokens: list[int] = []
-    parents: list[int] = []
-    node_of: dict[tuple[int, int], int] = {}  # (parent, token) -> node
+    chains = []
     for sequence in sequences:
-        parent = -1
-        for token in sequence:
-            if token < 0:
-                break
-            node = node_of.get((parent, token))
-            if node is None:
-                node = node_of[(parent, token)] = len(tokens)
-                tokens.append(token)
-                parents.append(parent)
-            parent = node
+        length = sequence.index(-1) if -1 in sequence else len(sequence)
+        chains.append((sequence[:length], list(range(-1, length - 1))))
+    tokens, parents, _ = merge_trees(chains)
     return tokens, parents

@@ -8,6 +8,7 @@ import torch
 
 from specprim._types import DraftRequest, DraftTree, Verdict
 from specprim.drafters._base import Drafter
+from specprim.drafters._trie import merge_trees
 
 __all__ = ["UnionDrafter"]
 
@@ -63,21 +64,7 @@ class UnionDrafter:
             if tree.sampling != "deterministic":
                 raise ValueError(f"{drafter!r} drafted a {tree.sampling!r} tree; UnionDrafter merges deterministic "
                                  "trees only (greedy or top-k drafting, prompt lookup)")
-        tokens: list[int] = []
-        parents: list[int] = []
-        node_of: dict[tuple[int, int], int] = {}  # (merged parent, token) -> merged node
-        self._maps = []
-        for tree in trees:
-            to_merged: list[int] = []
-            for token, parent in zip(tree.tokens[0].tolist(), tree.parent_list, strict=True):
-                key = (-1 if parent == -1 else to_merged[parent], token)
-                node = node_of.get(key)
-                if node is None:
-                    node = node_of[key] = len(tokens)
-                    tokens.append(token)
-                    parents.append(key[0])
-                to_merged.append(node)
-            self._maps.append(to_merged)
+        tokens, parents, self._maps = merge_trees((tree.tokens[0].tolist(), tree.parent_list) for tree in trees)
         self._tokens = tokens
         device = request.input_ids.device
         return DraftTree(tokens=torch.tensor([tokens], dtype=torch.long, device=device).reshape(1, len(tokens)),

@@ -9,7 +9,7 @@ pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels). See 
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, gguf_path, load
-from specprim.models._pack import PackedLinear, pack_weights, stock_kernels
+from specprim.models._pack import PackedLinear, is_packed, pack_weights, stock_kernels
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
 from specprim.models._quantize import Int8Linear, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
@@ -28,6 +28,7 @@ __all__ = [
     "ensure_cached",
     "gguf_path",
     "head_path",
+    "is_packed",
     "known_heads",
     "load",
     "load_head",

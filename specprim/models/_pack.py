@@ -81,6 +81,11 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def is_packed(model: nn.Module) -> bool:
+    """Whether ``model`` has :class:`PackedLinear` layers."""
+    return any(isinstance(module, PackedLinear) for module in model.modules())
+
+
 def pack_weights(model: nn.Module) -> nn.Module:
     """Replace every ``nn.Linear`` of a bfloat16 CPU ``model`` (the LM head included) by a :class:`PackedLinear`,
     in place; return ``model``.
@@ -93,7 +98,7 @@ def pack_weights(model: nn.Module) -> nn.Module:
         RuntimeError: a linear's weight is not bfloat16 on CPU, or this CPU / PyTorch build has no oneDNN
             bfloat16 support.
     """
-    if any(isinstance(module, PackedLinear) for module in model.modules()):
+    if is_packed(model):
         raise ValueError("the model's weights are already packed (it has PackedLinear layers)")
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
                if isinstance(child, nn.Linear) and not isinstance(child, Int8Linear)]
