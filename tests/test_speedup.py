@@ -231,3 +231,72 @@ def test_tune_measures_acceptance_and_costs_and_reports_a_choice():
         tune(target, prompt_lookup(), prompts)
     with pytest.raises(ValueError, match="at least one prompt"):
         tune(target, method, [])
+
+
+def _repetitive_prompts():
+    # repeated n-grams give prompt lookup something to find
+    return [torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]]), torch.tensor([[9, 3, 4, 9, 3, 4, 9, 3]])]
+
+
+def test_tune_lookup_replays_every_length_exactly_as_live_greedy_runs():
+    from specprim.drafters import UnionDrafter
+    from specprim.speedup import CostModel, tune_lookup
+
+    target, draft = tiny_causal_lm("llama", seed=0), tiny_causal_lm("llama", seed=1)
+    method = Method(ModelDrafter(draft, DynamicTree(depth=2, top_k=2, budget=3)), Greedy())
+    costs = CostModel(verify_sizes=(0, 4, 16), verify_s=(1.0, 1.5, 3.0), other_s=0.1)
+    prompts = _repetitive_prompts()
+    choice = tune_lookup(target, method, prompts, costs, lengths=(0, 2, 4), max_new_tokens=12)
+    assert [row.num_tokens for row in choice.rows] == [0, 2, 4]
+    for row in choice.rows:
+        live = method if row.num_tokens == 0 else Method(
+            UnionDrafter(method.drafter, prompt_lookup(num_tokens=row.num_tokens, max_matches=1).drafter), Greedy())
+        runs = [live.generate(target, ids, max_new_tokens=12).stats for ids in prompts]
+        steps = sum(s.steps for s in runs)
+        assert row.tau == pytest.approx(sum(sum(s.accepted) + s.steps for s in runs) / steps)
+        assert row.nodes == pytest.approx(sum(sum(s.tree_nodes) for s in runs) / steps)
+        # seconds per step from the cost model, and speedup = tokens * plain step / predicted seconds
+        verify = sum(costs.verify(n) + 0.1 for s in runs for n in s.tree_nodes) / steps
+        assert row.step_s == pytest.approx(row.draft_s + verify)
+        assert row.speedup == pytest.approx(24 * 1.0 / (row.step_s * steps))
+    assert choice.best is max(choice.rows, key=lambda r: r.speedup)
+    with pytest.raises(ValueError, match="non-negative"):
+        tune_lookup(target, method, prompts, costs, lengths=(-1,))
+    with pytest.raises(ValueError, match="at least one prompt"):
+        tune_lookup(target, method, [], costs)
+
+
+def test_tune_lookup_follows_the_verification_cost():
+    from specprim.speedup import CostModel, tune_lookup
+
+    target, draft = tiny_causal_lm("llama", seed=0), tiny_causal_lm("llama", seed=1)
+    method = Method(ModelDrafter(draft, Chain(1)), Greedy())
+    prompts = _repetitive_prompts()
+    # seconds-scale costs make the measured drafting time negligible
+    flat = CostModel(verify_sizes=(0, 64), verify_s=(100.0, 100.0))
+    steep = CostModel(verify_sizes=(0, 1), verify_s=(100.0, 10_000.0))
+    flat_choice = tune_lookup(target, method, prompts, flat, lengths=(0, 4), max_new_tokens=12)
+    assert flat_choice.best is max(flat_choice.rows, key=lambda r: r.tau)
+    assert flat_choice.rows[1].tau > flat_choice.rows[0].tau  # lookup finds the repeats
+    assert tune_lookup(target, method, prompts, steep, lengths=(0, 4), max_new_tokens=12).best.num_tokens == 0
+
+
+def test_tune_cli_accepts_one_tree_method_optionally_with_prompt_lookup():
+    import argparse
+
+    from specprim.speedup._cli import _lengths, _tunable_method, lookup_report
+    from specprim.speedup._union import LookupChoice, LookupRow
+
+    assert _tunable_method("eagle3+prompt-lookup") == "eagle3+prompt-lookup"
+    assert _tunable_method("prompt-lookup+medusa") == "prompt-lookup+medusa"
+    for bad in ("prompt-lookup", "eagle3+medusa", "eagle3+eagle3", "nope"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _tunable_method(bad)
+    assert _lengths("0,2,6") == (0, 2, 6)
+    for bad in ("", "2,-1", "a"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            _lengths(bad)
+    rows = (LookupRow(0, 1.5, 3.0, 0.01, 0.05, 1.2), LookupRow(6, 1.7, 8.0, 0.01, 0.055, 1.3))
+    text = lookup_report(LookupChoice(rows), "eagle3", "dynamic:depth=1,top_k=3,budget=3")
+    assert "| 6 (best) |" in text
+    assert "best: --method eagle3+prompt-lookup --num-draft 6 --tree dynamic:depth=1,top_k=3,budget=3" in text

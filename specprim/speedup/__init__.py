@@ -7,6 +7,8 @@
 - :func:`expected_tau`, :func:`predict`: tokens per step and speedup of any tree shape.
 - :func:`best_tree`: the tree size, depth and width that maximise predicted tokens per second (hardware-aware,
   Sequoia-style); ``specprim tune`` runs the whole measurement from the command line.
+- :func:`tune_lookup`: the prompt-lookup length of a union (``eagle3+prompt-lookup``), by greedy replay of every
+  candidate and the cost model.
 """
 
 from specprim._stats import SiblingOutcome, sibling_outcomes
@@ -14,10 +16,14 @@ from specprim.speedup._acceptance import RankAcceptance, sibling_ranks
 from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs
 from specprim.speedup._model import Prediction, TreeChoice, best_tree, expected_tau, predict
 from specprim.speedup._tune import PROBE_TREE, TuneResult, tune
+from specprim.speedup._union import LOOKUP_LENGTHS, LookupChoice, LookupRow, predict_replayed, tune_lookup
 
 __all__ = [
+    "LOOKUP_LENGTHS",
     "PROBE_TREE",
     "CostModel",
+    "LookupChoice",
+    "LookupRow",
     "Prediction",
     "RankAcceptance",
     "SiblingOutcome",
@@ -27,8 +33,10 @@ __all__ = [
     "measure_costs",
     "measure_verify_costs",
     "predict",
+    "predict_replayed",
     "sibling_outcomes",
     "sibling_ranks",
     "tune",
+    "tune_lookup",
     "TuneResult",
 ]

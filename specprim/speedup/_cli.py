@@ -9,7 +9,33 @@ from pathlib import Path
 
 import torch
 
+from specprim.speedup._union import LOOKUP_LENGTHS
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+LOOKUP = "prompt-lookup"
+
+
+def _tunable_method(name: str) -> str:
+    """A preset with a tree shape, alone or joined with prompt lookup (``eagle3+prompt-lookup``)."""
+    from specprim import presets
+
+    parts = name.split("+")
+    tree_parts = [p for p in parts if p != LOOKUP]
+    if not presets.is_name(name) or len(tree_parts) != 1 or len(parts) > 2:
+        raise argparse.ArgumentTypeError(
+            f"{name!r}: tune takes one of {', '.join(n for n in presets.NAMES if n != LOOKUP)}, "
+            f"optionally joined with {LOOKUP} (e.g. 'eagle3+{LOOKUP}')")
+    return name
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    try:
+        lengths = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated non-negative ints, e.g. 0,2,4,6")
+    return lengths
 
 
 def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -24,7 +50,10 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
                     "the best tree of every size. See docs/speedup.md.",
     )
     tune.add_argument("--target", default="smollm2-135m-instruct", help="a known name, a local path or a hub id")
-    tune.add_argument("--method", choices=[n for n in presets.NAMES if n != "prompt-lookup"], required=True)
+    tune.add_argument("--method", type=_tunable_method, required=True,
+                      help=f"one of {', '.join(n for n in presets.NAMES if n != 'prompt-lookup')}, optionally joined "
+                           "with prompt-lookup ('eagle3+prompt-lookup': the tree is tuned first, then the lookup "
+                           "length by replay)")
     tune.add_argument("--draft", help="draft model for leviathan")
     tune.add_argument("--head", help="trained head (directory or shipped name) for medusa / eagle / eagle3 / mtp")
     tune.add_argument("--exit-layer", type=int, help="exit layer for early-exit")
@@ -37,6 +66,8 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     tune.add_argument("--pack", action="store_true",
                       help="pre-pack the bfloat16 models' linears for oneDNN (tune for the kernels you will run)")
     tune.add_argument("--repeats", type=int, default=5, help="timings per tree size (median)")
+    tune.add_argument("--lookup-lengths", type=_lengths, default=LOOKUP_LENGTHS,
+                      help="comma-separated prompt-lookup lengths tried for a '+prompt-lookup' method (0: none)")
     tune.add_argument("--json", type=Path, help="write acceptance, costs, the curve and the choice here")
     tune.set_defaults(func=tune_command)
     return tune
@@ -48,14 +79,16 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.bench._prompts import conversation_ids
     from specprim.hf import check_tokenizers_compatible
     from specprim.speedup._tune import tune
+    from specprim.speedup._union import tune_lookup
 
     target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], pack=args.pack)
     draft = None
     if args.draft:
         draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], pack=args.pack)
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    tree_name = next(p for p in args.method.split("+") if p != LOOKUP)
     try:
-        method = presets.from_name(args.method, target=target, draft=draft, head=args.head,
+        method = presets.from_name(tree_name, target=target, draft=draft, head=args.head,
                                    exit_layer=args.exit_layer)
     except ValueError as error:
         raise SystemExit(f"specprim tune: {error}") from error
@@ -63,10 +96,20 @@ def tune_command(args: argparse.Namespace) -> int:
     result = tune(target, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
                   repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
     setting = f"{args.dtype}, packed" if args.pack else args.dtype
-    print(report(result, f"{args.method} on {args.target} ({setting}), {len(prompts)} {args.dataset} prompts"))
+    print(report(result, f"{tree_name} on {args.target} ({setting}), {len(prompts)} {args.dataset} prompts"))
+    record = result.to_json()
+    if tree_name != args.method:
+        if not result.choice.paths:
+            print(f"\nno tree is predicted faster than plain decoding; {LOOKUP} lengths not tuned")
+        else:
+            tuned = presets.with_tree(method, result.choice.dynamic_tree())
+            lookup = tune_lookup(target, tuned, prompts, result.costs, lengths=args.lookup_lengths,
+                                 max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
+            print("\n" + lookup_report(lookup, tree_name, result.choice.spec()))
+            record["lookup"] = lookup.to_json()
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result.to_json(), indent=1))
+        args.json.write_text(json.dumps(record, indent=1))
     return 0
 
 
@@ -91,4 +134,19 @@ def report(result: object, title: str) -> str:
         lines.append(f"| {nodes}{mark} | {tau:.2f} | {1e3 * step_s:.1f} | {speedup:.2f}x |")
     lines += ["", f"best tree: --tree {choice.spec()}  (predicted tau {choice.prediction.tau:.2f}, "
                   f"{choice.prediction.speedup:.2f}x plain decoding through the same forward)"]
+    return "\n".join(lines)
+
+
+def lookup_report(choice: object, tree_name: str, tree_spec: str) -> str:
+    """Markdown: every lookup length's replayed tau and predicted speedup, and the options of the fastest."""
+    lines = [f"## {LOOKUP} length for {tree_name} with --tree {tree_spec} (greedy replay + cost model)", "",
+             "| lookup tokens | tau | nodes | draft ms | step ms | predicted speedup |", "|---|---|---|---|---|---|"]
+    best = choice.best
+    for row in choice.rows:
+        mark = " (best)" if row is best else ""
+        lines.append(f"| {row.num_tokens}{mark} | {row.tau:.2f} | {row.nodes:.1f} | {1e3 * row.draft_s:.1f} | "
+                     f"{1e3 * row.step_s:.1f} | {row.speedup:.2f}x |")
+    options = f"--method {tree_name}" if best.num_tokens == 0 else \
+        f"--method {tree_name}+{LOOKUP} --num-draft {best.num_tokens}"
+    lines += ["", f"best: {options} --tree {tree_spec}  (predicted {best.speedup:.2f}x plain decoding)"]
     return "\n".join(lines)
