@@ -15,6 +15,12 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LOOKUP = "prompt-lookup"
 
 
+def _tree_presets() -> str:
+    from specprim import presets
+
+    return ", ".join(n for n in presets.NAMES if n != LOOKUP)
+
+
 def _tunable_method(name: str) -> str:
     """A preset with a tree shape, alone or joined with prompt lookup (``eagle3+prompt-lookup``)."""
     from specprim import presets
@@ -23,7 +29,7 @@ def _tunable_method(name: str) -> str:
     tree_parts = [p for p in parts if p != LOOKUP]
     if not presets.is_name(name) or len(tree_parts) != 1 or len(parts) > 2:
         raise argparse.ArgumentTypeError(
-            f"{name!r}: tune takes one of {', '.join(n for n in presets.NAMES if n != LOOKUP)}, "
+            f"{name!r}: tune takes one of {_tree_presets()}, "
             f"optionally joined with {LOOKUP} (e.g. 'eagle3+{LOOKUP}')")
     return name
 
@@ -40,7 +46,6 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``tune`` sub-command to ``specprim``'s sub-parsers and return its parser."""
-    from specprim import presets
     from specprim.bench._datasets import DATASETS
 
     tune = commands.add_parser(
@@ -51,7 +56,7 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     )
     tune.add_argument("--target", default="smollm2-135m-instruct", help="a known name, a local path or a hub id")
     tune.add_argument("--method", type=_tunable_method, required=True,
-                      help=f"one of {', '.join(n for n in presets.NAMES if n != 'prompt-lookup')}, optionally joined "
+                      help=f"one of {_tree_presets()}, optionally joined "
                            "with prompt-lookup ('eagle3+prompt-lookup': the tree is tuned first, then the lookup "
                            "length by replay)")
     tune.add_argument("--draft", help="draft model for leviathan")

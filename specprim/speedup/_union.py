@@ -62,8 +62,7 @@ def predict_replayed(stats: GenerationStats, costs: CostModel) -> tuple[float, f
     verification and other costs for each step's tree size, against ``costs.step_s`` per plain token."""
     if not stats.steps:
         raise ValueError("the replay took no step")
-    seconds = stats.draft_s + sum(costs.verify(nodes) + costs.other_s + costs.other_per_node_s * nodes
-                                  for nodes in stats.tree_nodes)
+    seconds = stats.draft_s + sum(costs.step(nodes, 0) for nodes in stats.tree_nodes)  # depth 0: no modelled draft
     return seconds / stats.steps, stats.new_tokens * costs.step_s / seconds
 
 
