@@ -38,11 +38,12 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
 
 def generate_command(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
-    model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], quantize=args.quantize, pack=args.pack)
+    model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], quantize=args.quantize, pack=args.pack,
+                                   compile=args.compile)
     draft = None
     if args.draft:
         draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], quantize=args.draft_quantize,
-                                             pack=args.pack)
+                                             pack=args.pack, compile=args.compile)
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
     try:
         method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
@@ -74,6 +75,7 @@ def generate_command(args: argparse.Namespace) -> int:
     print("---")
     stats = out.stats
     weights = (f", {args.quantize} weights" if args.quantize else "") + (", packed" if args.pack else "")
+    weights += ", compiled" if args.compile else ""
     print(f"method {args.method} | target {args.target} ({args.dtype}{weights}) | new tokens {len(new_ids)} | "
           f"steps {stats.steps} | tau {stats.tau:.2f} (mean accepted length, bonus token included)")
     line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate {plain_rate:.1f} tok/s | "
@@ -119,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="weight-only quantize the --draft model's linear layers")
     gen.add_argument("--pack", action="store_true",
                      help="pre-pack the bfloat16 models' linears for oneDNN on CPU (the plain baseline runs them too)")
+    gen.add_argument("--compile", action="store_true",
+                     help="torch.compile the models' forward (not with --pack; the first calls compile for minutes)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=generate_command)
     add_bench_parser(commands)

@@ -4,10 +4,8 @@ packed target, the packed copy really is what runs (and ``stock_kernels`` really
 import pytest
 import torch
 import torch.nn.functional as F
-from _tiny import VOCAB, tiny_causal_lm
-from tokenizers import Tokenizer, models, pre_tokenizers
+from _tiny import VOCAB, tiny_causal_lm, tiny_tokenizer
 from torch import nn
-from transformers import PreTrainedTokenizerFast
 
 from specprim import speculative_generate
 from specprim.acceptance import Greedy
@@ -127,7 +125,7 @@ def test_bad_inputs_raise_clear_errors():
 
 def test_load_packs_a_saved_model(tmp_path):
     tiny_causal_lm("llama").save_pretrained(tmp_path)
-    _tokenizer().save_pretrained(tmp_path)
+    tiny_tokenizer().save_pretrained(tmp_path)
     model, _ = load(tmp_path, dtype=torch.bfloat16, pack=True)
     assert isinstance(model.get_output_embeddings(), PackedLinear)
     with pytest.raises(RuntimeError, match="bfloat16 weights on CPU"):
@@ -136,7 +134,7 @@ def test_load_packs_a_saved_model(tmp_path):
 
 def test_bench_packs_every_method_and_times_the_stock_kernels():
     model = tiny_causal_lm("llama").to(torch.bfloat16)
-    tokenizer = _tokenizer()
+    tokenizer = tiny_tokenizer()
     results = run(target=model, tokenizer=tokenizer, methods=["hf-unpacked", "prompt-lookup"], prompts=["t5 t6 t7"],
                   max_new_tokens=8, dtype="bfloat16", pack=True, argv=[])
     assert isinstance(model.get_output_embeddings(), PackedLinear)
@@ -145,10 +143,3 @@ def test_bench_packs_every_method_and_times_the_stock_kernels():
     with pytest.raises(ValueError, match="pack the target"):
         run(target=tiny_causal_lm("llama"), tokenizer=tokenizer, methods=["hf-unpacked"], prompts=["t5"],
             max_new_tokens=2, argv=[])
-
-
-
-def _tokenizer():
-    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1", pad_token="t0")

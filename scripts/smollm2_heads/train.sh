@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The shipped SmolLM2-135M-Instruct heads, as trained (2 CPU cores). Every step resumes when rerun.
+# The shipped SmolLM2-135M-Instruct heads, as trained (2 CPU cores): the Medusa head and the first round of the
+# EAGLE-3 head (train_v2.sh trains that one further into the shipped EAGLE-3 head). Every step resumes when rerun.
 # Usage: bash scripts/smollm2_heads/train.sh RUN_DIR
 set -euo pipefail
 run=${1:?usage: train.sh RUN_DIR}

@@ -1,9 +1,9 @@
 """The methods a benchmark compares: Hugging Face ``generate`` modes and every specprim preset, by name.
 
-A name maps to a factory (no flag dispatch): ``hf``, ``hf-unpacked`` (a packed target's stock kernels),
-``hf-prompt-lookup`` and ``hf-assisted`` build :class:`HFGenerate` with fixed keyword arguments; every name in
-:data:`specprim.presets.NAMES` (or several joined by ``+``, drafting together) builds :class:`SpecprimGenerate`
-around ``presets.from_name``. New presets appear without edits here.
+A name maps to a factory (no flag dispatch): ``hf``, ``hf-unpacked`` (a packed target's stock kernels), ``hf-eager``
+(a compiled target's eager forward), ``hf-prompt-lookup`` and ``hf-assisted`` build :class:`HFGenerate` with fixed
+keyword arguments; every name in :data:`specprim.presets.NAMES` (or several joined by ``+``, drafting together)
+builds :class:`SpecprimGenerate` around ``presets.from_name``. New presets appear without edits here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from specprim import presets
 from specprim._stats import GenerationStats
 from specprim.acceptance import Greedy, SpeculativeSampling, TypicalAcceptance
 from specprim.hf import input_device
-from specprim.models import is_packed, stock_kernels
+from specprim.models import eager_forward, is_compiled, is_packed, stock_kernels
 
 BASELINE = "hf"
 
@@ -77,16 +77,18 @@ class HFGenerate:
 
     Sampling uses the global torch RNG, seeded with ``seed`` before the call; ``pad_token_id`` is the EOS id.
     ``stock_kernels``: run inside :func:`specprim.models.stock_kernels` (a packed model computes unpacked).
+    ``eager``: run inside :func:`specprim.models.eager_forward` (a compiled model runs its eager forward).
     """
 
     model: torch.nn.Module
     options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     draft_modules: tuple[torch.nn.Module, ...] = ()
     stock_kernels: bool = False
+    eager: bool = False
 
     def __repr__(self) -> str:
         shown = {k: type(v).__name__ if isinstance(v, torch.nn.Module) else v for k, v in self.options.items()}
-        stock = ", stock_kernels=True" if self.stock_kernels else ""
+        stock = (", stock_kernels=True" if self.stock_kernels else "") + (", eager=True" if self.eager else "")
         return f"HFGenerate({type(self.model).__name__}.generate, options={shown}{stock})"
 
     @torch.no_grad()
@@ -96,7 +98,11 @@ class HFGenerate:
         pad = eos if eos is None or isinstance(eos, int) else list(eos)[0]
         if not decoding.greedy:
             torch.manual_seed(seed)
-        with stock_kernels() if self.stock_kernels else contextlib.nullcontext():
+        with contextlib.ExitStack() as stack:
+            if self.stock_kernels:
+                stack.enter_context(stock_kernels())
+            if self.eager:
+                stack.enter_context(eager_forward(self.model))
             out = self.model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=decoding.max_new_tokens,
                 eos_token_id=eos, pad_token_id=pad, **_sampling_kwargs(decoding), **self.options,
@@ -188,6 +194,12 @@ def _hf_unpacked(context: MethodContext) -> BenchMethod:
     return HFGenerate(model=context.target, stock_kernels=True)
 
 
+def _hf_eager(context: MethodContext) -> BenchMethod:
+    if not is_compiled(context.target):
+        raise ValueError("method 'hf-eager' times a compiled target's eager forward; compile the target (--compile)")
+    return HFGenerate(model=context.target, eager=True)
+
+
 def _hf_prompt_lookup(context: MethodContext) -> BenchMethod:
     tokens = context.num_draft or HF_PROMPT_LOOKUP_TOKENS
     return HFGenerate(model=context.target, options={"prompt_lookup_num_tokens": tokens})
@@ -203,7 +215,8 @@ def _hf_assisted(context: MethodContext) -> BenchMethod:
 
 
 HF_METHODS: Mapping[str, Callable[[MethodContext], BenchMethod]] = MappingProxyType({
-    BASELINE: _hf, "hf-unpacked": _hf_unpacked, "hf-prompt-lookup": _hf_prompt_lookup, "hf-assisted": _hf_assisted,
+    BASELINE: _hf, "hf-unpacked": _hf_unpacked, "hf-eager": _hf_eager,
+    "hf-prompt-lookup": _hf_prompt_lookup, "hf-assisted": _hf_assisted,
 })
 
 

@@ -28,18 +28,20 @@ Model = torch.nn.Module
 
 
 def _load(model: str | os.PathLike[str] | Model, dtype: str, quantize: str | None,
-          pack: bool) -> tuple[Model, Any]:
-    """Load ``model`` in ``dtype`` (weight-quantized if ``quantize``, packed if ``pack``); a loaded model is
-    returned as it is, quantized and packed in place when asked."""
+          pack: bool, compile: bool) -> tuple[Model, Any]:  # noqa: A002
+    """Load ``model`` in ``dtype`` (weight-quantized if ``quantize``, packed if ``pack``, compiled if ``compile``);
+    a loaded model is returned as it is, quantized, packed and compiled in place when asked."""
     if isinstance(model, Model):
         if quantize is not None:
             models.quantize_weights(model, quantize)
         if pack and not models.is_packed(model):
             models.pack_weights(model)
+        if compile:
+            models.compile_forward(model)
         return model, None
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    return models.load(model, dtype=DTYPES[dtype], quantize=quantize, pack=pack)
+    return models.load(model, dtype=DTYPES[dtype], quantize=quantize, pack=pack, compile=compile)
 
 
 def resolve_prompts(dataset: str | None, prompts: str | os.PathLike[str] | Sequence[Prompt | str] | None,
@@ -88,6 +90,7 @@ def run(
     dtype: str = "float32",
     quantize: str | None = None,
     pack: bool = False,
+    compile: bool = False,  # noqa: A002 - the option's name on the command line
     draft: str | os.PathLike[str] | Model | None = None,
     draft_quantize: str | None = None,
     num_draft: int | None = None,
@@ -121,6 +124,9 @@ def run(
             A loaded ``target`` is quantized in place.
         pack: pre-pack the target's (and draft's) bfloat16 linear layers for oneDNN (:func:`specprim.models.
             pack_weights`); ``hf`` and every method run the packed model, and ``hf-unpacked`` times the stock kernels.
+        compile: ``torch.compile`` the target's (and draft's) forward (:func:`specprim.models.compile_forward`);
+            ``hf`` and every method run the compiled model. Compilation happens in the untimed warm-up, so raise
+            ``warmup_tokens`` until the warm-up meets every kind of forward the timed runs make.
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
         draft_quantize: like ``quantize``, for the draft model.
         num_draft: the preset's draft length.
@@ -152,13 +158,13 @@ def run(
         if turns < 1:
             raise ValueError(f"turns must be >= 1, got {turns}")
         prompt_list = [dataclasses.replace(p, turns=p.turns[:turns]) for p in prompt_list]
-    model, loaded_tokenizer = _load(target, dtype, quantize, pack)
+    model, loaded_tokenizer = _load(target, dtype, quantize, pack, compile)
     tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
     if tokenizer is None:
         raise ValueError("pass tokenizer= with a loaded target model")
     draft_model = None
     if draft is not None:
-        draft_model, draft_tokenizer = _load(draft, dtype, draft_quantize, pack)
+        draft_model, draft_tokenizer = _load(draft, dtype, draft_quantize, pack, compile)
         if draft_tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
     options = {key: value for key, value in (("head", None if head is None else str(head)),
@@ -179,7 +185,7 @@ def run(
     settings = {
         "target": str(target) if not isinstance(target, Model) else type(target).__name__,
         "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."), "quantize": quantize,
-        "pack": pack,
+        "pack": pack, "compile": compile,
         "device": str(input_device(model)), "dataset": label, "num_prompts": len(prompt_list),
         "prompt_ids": [p.id for p in prompt_list], "methods": list(method_map), "max_new_tokens": max_new_tokens,
         "turns": turns, "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,

