@@ -216,7 +216,8 @@ def test_every_method_without_a_trained_head_runs_and_is_lossless(target, tokeni
         try:
             bench.build_method(name, context)
         except ValueError as error:
-            assert "head" in str(error) or name.startswith("llama-cpp") or name == "hf-unpacked", (name, error)
+            assert "head" in str(error) or name.startswith("llama-cpp") or name in ("hf-unpacked", "hf-eager"), (
+                name, error)
             continue
         names.append(name)
     assert {"hf", "hf-prompt-lookup", "hf-assisted", "leviathan", "prompt-lookup"} <= set(names)

@@ -1,0 +1,63 @@
+"""What one forward of the target costs, by number of query tokens, for a choice of kernels: stock, packed or compiled.
+
+Prefills a random 100-token context once per setting, then times forwards of 1, 4 and 16 new tokens (a 4D mask for
+more than one, as tree verification passes) over three context lengths, cropping the cache back after each. The
+ratio of a 16-token forward to a one-token step is what bounds speculation on the machine (see docs/speedup.md).
+
+    python benchmarks/forward_costs.py --kernels packed      # also: stock, compiled (minutes of compilation first)
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from transformers import DynamicCache
+
+from specprim import models
+
+QUERIES = (1, 4, 16)
+
+
+def forward_ms(model: torch.nn.Module, context: torch.Tensor, past: int, queries: int, repeats: int) -> float:
+    """Mean milliseconds of a ``queries``-token forward after ``past`` cached tokens of ``context`` (1, T)."""
+    cache = DynamicCache(config=model.config)
+    ids = torch.randint(0, model.config.vocab_size, (1, queries), generator=torch.Generator().manual_seed(past))
+    mask = torch.ones(1, 1, queries, past + queries, dtype=torch.bool) if queries > 1 else None
+    positions = torch.arange(past, past + queries).view(1, -1)  # (1, Q)
+    with torch.no_grad():
+        model(input_ids=context[:, :past], past_key_values=cache, use_cache=True)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
+            cache.crop(-queries)
+        return (time.perf_counter() - start) / repeats * 1000
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", default="smollm2-135m-instruct")
+    parser.add_argument("--kernels", choices=["stock", "packed", "compiled"], default="packed")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, _ = models.load(args.target, dtype=torch.bfloat16, pack=args.kernels == "packed",
+                           compile=args.kernels == "compiled")
+    context = torch.randint(0, model.config.vocab_size, (1, 100), generator=torch.Generator().manual_seed(0))
+    start = time.perf_counter()
+    for past in (60, 80):  # warm-up: compiles every kind of forward, creates the oneDNN primitives
+        for queries in QUERIES:
+            forward_ms(model, context, past, queries, repeats=1)
+    print(f"{args.target}, bfloat16, {args.kernels} kernels, {args.threads} threads; warm-up "
+          f"{time.perf_counter() - start:.0f} s")
+    print("| context | " + " | ".join(f"{q} token(s) ms" for q in QUERIES) + " | 16 / 1 |")
+    print("|---" * (len(QUERIES) + 2) + "|")
+    for past in (70, 90, 95):
+        ms = [forward_ms(model, context, past, q, args.repeats) for q in QUERIES]
+        print(f"| {past} | " + " | ".join(f"{m:.1f}" for m in ms) + f" | {ms[-1] / ms[0]:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
