@@ -3,6 +3,8 @@ really what runs (and ``eager_forward`` really switches it off), the bench compi
 
 Compiling takes a while even for the tiny model, so one compiled model serves the module's tests."""
 
+import json
+
 import pytest
 import torch
 from _tiny import tiny_causal_lm, tiny_tokenizer
@@ -77,3 +79,22 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     with pytest.raises(ValueError, match="compile the target"):
         run(target=tiny_causal_lm("llama"), tokenizer=tiny_tokenizer(), methods=["hf-eager"], prompts=["t5"],
             max_new_tokens=2, argv=[])
+
+
+def test_cli_bench_compiles_a_saved_model_and_rejects_pack_with_compile(tmp_path, capsys):
+    from specprim import cli
+
+    model_dir = tmp_path / "tiny"
+    tiny_causal_lm("llama").save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "t5 t6 t7 t5 t6"}\n')
+    out = tmp_path / "r.json"
+    assert cli.main(["bench", "--target", str(model_dir), "--compile", "--warmup-tokens", "4", "--method", "hf-eager",
+                     "--prompts", str(prompts), "--max-new-tokens", "4", "--json", str(out)]) == 0
+    assert "| hf-eager |" in capsys.readouterr().out
+    settings = json.loads(out.read_text())["meta"]["settings"]
+    assert settings["compile"] is True and settings["warmup_tokens"] == 4
+    with pytest.raises(SystemExit, match="exclude each other"):
+        cli.main(["bench", "--target", str(model_dir), "--dtype", "bfloat16", "--pack", "--compile",
+                  "--method", "prompt-lookup", "--prompts", str(prompts), "--max-new-tokens", "2"])

@@ -70,6 +70,8 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     tune.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
     tune.add_argument("--pack", action="store_true",
                       help="pre-pack the bfloat16 models' linears for oneDNN (tune for the kernels you will run)")
+    tune.add_argument("--compile", action="store_true",
+                      help="torch.compile the models' forward (not with --pack; compiles for minutes first)")
     tune.add_argument("--repeats", type=int, default=5, help="timings per tree size (median)")
     tune.add_argument("--lookup-lengths", type=_lengths, default=LOOKUP_LENGTHS,
                       help="comma-separated prompt-lookup lengths tried for a '+prompt-lookup' method (0: none)")
@@ -86,10 +88,11 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.speedup._tune import tune
     from specprim.speedup._union import tune_lookup
 
-    target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], pack=args.pack)
+    kernels = {"pack": args.pack, "compile": args.compile}
+    target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], **kernels)
     draft = None
     if args.draft:
-        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], pack=args.pack)
+        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], **kernels)
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
     tree_name = next(p for p in args.method.split("+") if p != LOOKUP)
     try:
@@ -100,7 +103,7 @@ def tune_command(args: argparse.Namespace) -> int:
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
     result = tune(target, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
                   repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
-    setting = f"{args.dtype}, packed" if args.pack else args.dtype
+    setting = args.dtype + (", packed" if args.pack else "") + (", compiled" if args.compile else "")
     print(report(result, f"{tree_name} on {args.target} ({setting}), {len(prompts)} {args.dataset} prompts"))
     record = result.to_json()
     if tree_name != args.method:
