@@ -3,7 +3,9 @@
 One compiled function with dynamic shapes serves the prefill, one-token steps and tree verification (any number of
 query tokens, a growing KV cache, with or without a 4D mask). On CPU inductor's *freezing* treats the weights as
 constants: it pre-packs them for oneDNN, as :func:`specprim.models.pack_weights` does, and fuses the elementwise work
-around them (norms, rotary embeddings, activations).
+around them (norms, rotary embeddings, activations). Experimental: with transformers' dynamic cache the forward
+recompiles as the cache's strides and the call's arguments vary, and requesting hidden states splits the graph, so
+end to end it is not yet faster for speculation on CPU than packed weights (measurements in ``docs/models.md``).
 """
 
 from __future__ import annotations
