@@ -37,6 +37,8 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
 
 
 def generate_command(args: argparse.Namespace) -> int:
+    if args.pack and args.compile:
+        raise SystemExit("specprim generate: --pack and --compile exclude each other (freezing packs the weights)")
     torch.manual_seed(args.seed)
     model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], quantize=args.quantize, pack=args.pack,
                                    compile=args.compile)

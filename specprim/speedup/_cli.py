@@ -88,6 +88,8 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.speedup._tune import tune
     from specprim.speedup._union import tune_lookup
 
+    if args.pack and args.compile:
+        raise SystemExit("specprim tune: --pack and --compile exclude each other (freezing packs the weights)")
     kernels = {"pack": args.pack, "compile": args.compile}
     target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], **kernels)
     draft = None
