@@ -11,9 +11,12 @@ end to end it is not yet faster for speculation on CPU than packed weights (meas
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
+from torch._inductor import config as inductor_config
 from transformers import PreTrainedModel
 
 from specprim.models._pack import is_packed
@@ -49,9 +52,21 @@ def compile_forward(model: PreTrainedModel, *, freeze: bool = True) -> PreTraine
         raise ValueError("cannot compile a model with packed weights (the packed oneDNN op cannot be traced, and "
                          "compiling with freezing packs the weights itself): load it without pack=True / --pack")
     if not is_compiled(model):
-        options = {"freezing": True} if freeze else None
-        model.forward = torch.compile(model.forward, dynamic=True, options=options)
+        compiled = torch.compile(model.forward, dynamic=True)
+        model.forward = _frozen(compiled) if freeze else compiled
     return model
+
+
+def _frozen(compiled: Callable[..., Any]) -> Callable[..., Any]:
+    """``compiled``, called with inductor's ``freezing`` switched on. Compilation happens lazily inside calls, and
+    passing ``options={"freezing": True}`` to ``torch.compile`` measured slower here (16-token forward 43 vs 35 ms)."""
+
+    @functools.wraps(compiled)  # keeps ``_torchdynamo_orig_callable`` for is_compiled and eager_forward
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        with inductor_config.patch(freezing=True):
+            return compiled(*args, **kwargs)
+
+    return forward
 
 
 @contextlib.contextmanager
