@@ -37,16 +37,17 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    if args.pack and args.compile:
-        raise SystemExit("specprim generate: --pack and --compile exclude each other (freezing packs the weights)")
     torch.manual_seed(args.seed)
-    model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], quantize=args.quantize, pack=args.pack,
-                                   compile=args.compile)
-    draft = None
-    if args.draft:
-        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], quantize=args.draft_quantize,
-                                             pack=args.pack, compile=args.compile)
-        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    try:
+        model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], quantize=args.quantize,
+                                       pack=args.pack, compile=args.compile)
+        draft = None
+        if args.draft:
+            draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], quantize=args.draft_quantize,
+                                                 pack=args.pack, compile=args.compile)
+            check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    except ValueError as error:
+        raise SystemExit(f"specprim generate: {error}") from error
     try:
         method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
                                    exit_layer=args.exit_layer, tree=args.tree)

@@ -88,14 +88,15 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.speedup._tune import tune
     from specprim.speedup._union import tune_lookup
 
-    if args.pack and args.compile:
-        raise SystemExit("specprim tune: --pack and --compile exclude each other (freezing packs the weights)")
     kernels = {"pack": args.pack, "compile": args.compile}
-    target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], **kernels)
-    draft = None
-    if args.draft:
-        draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], **kernels)
-        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    try:
+        target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], **kernels)
+        draft = None
+        if args.draft:
+            draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], **kernels)
+            check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    except ValueError as error:
+        raise SystemExit(f"specprim tune: {error}") from error
     tree_name = next(p for p in args.method.split("+") if p != LOOKUP)
     try:
         method = presets.from_name(tree_name, target=target, draft=draft, head=args.head,
