@@ -11,7 +11,7 @@ import torch
 from specprim._stats import GenerationStats
 from specprim._types import DraftTree, TargetFeatures, Verdict, truncate_tree
 from specprim.drafters import Drafter, DraftRequest
-from specprim.hf import HFTarget
+from specprim.hf import HFTarget, StaticTarget
 from specprim.sampling import SamplingConfig
 
 AcceptanceRule = Callable[..., Verdict]
@@ -26,7 +26,7 @@ class GenerateOutput:
 
 
 def speculative_generate(
-    target: torch.nn.Module,
+    target: torch.nn.Module | StaticTarget,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
@@ -53,6 +53,9 @@ def speculative_generate(
     accepted block. ``generator`` is the only source of randomness (it must live on the target's input device).
     ``streamer`` receives the prompt, then each step's new tokens, like ``model.generate``'s streamer.
 
+    ``target`` is the Hugging Face causal LM, or a :class:`specprim.hf.StaticTarget` wrapping it: verification
+    with a static KV cache and padded trees, optionally ``torch.compile``d (see ``docs/generate.md``).
+
     Batches: with ``B > 1``, an ``attention_mask`` (B, T) (left padding) or a list of drafters (one per row),
     rows are generated with ragged acceptance and one batched target forward per step, and the result is a
     ``BatchGenerateOutput`` right-padded with ``pad_token_id`` (see ``docs/batch.md``).
@@ -64,13 +67,15 @@ def speculative_generate(
     from specprim._batch import batch_generate, wants_batch
 
     if wants_batch(input_ids, attention_mask, drafter):
+        if isinstance(target, StaticTarget):
+            raise ValueError("a StaticTarget decodes one sequence at a time; pass the model itself for batches")
         return batch_generate(
             target, input_ids, attention_mask, drafter=drafter, acceptance=acceptance, max_new_tokens=max_new_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
             streamer=streamer, pad_token_id=pad_token_id,
         )
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    verifier = HFTarget(target)
+    verifier = target if isinstance(target, StaticTarget) else HFTarget(target)
     ids = _check_prompt(input_ids).to(verifier.device)  # (1, T)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")

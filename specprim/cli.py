@@ -11,7 +11,7 @@ import torch
 
 from specprim import models, presets
 from specprim.bench import add_bench_parser
-from specprim.hf import check_tokenizers_compatible
+from specprim.hf import StaticTarget, check_tokenizers_compatible
 from specprim.speedup._cli import add_tune_parser
 from specprim.train._cli import add_train_parser
 from specprim.trees._spec import SPEC_HELP
@@ -53,6 +53,10 @@ def generate_command(args: argparse.Namespace) -> int:
                                    exit_layer=args.exit_layer, tree=args.tree)
     except ValueError as error:
         raise SystemExit(f"specprim generate: {error}") from error
+    try:
+        verifier = StaticTarget(model) if args.static_verify else model
+    except TypeError as error:
+        raise SystemExit(f"specprim generate: {error}") from error
     ids = chat_input_ids(tokenizer, args.prompt)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos = tokenizer.eos_token_id
@@ -65,10 +69,10 @@ def generate_command(args: argparse.Namespace) -> int:
 
     def speculative(max_new_tokens: int):
         generator = torch.Generator().manual_seed(args.seed)
-        return method.generate(model, ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
+        return method.generate(verifier, ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
                                generator=generator, **sampling)
 
-    plain(8), speculative(8)  # warm-up
+    plain(8), speculative(args.max_new_tokens if args.static_verify else 8)  # warm-up: compiles every tree bucket
     baseline, plain_s = _timed(lambda: plain(args.max_new_tokens))
     out, spec_s = _timed(lambda: speculative(args.max_new_tokens))
     new_ids = out.sequences[0, ids.shape[1]:]
@@ -78,7 +82,7 @@ def generate_command(args: argparse.Namespace) -> int:
     print("---")
     stats = out.stats
     weights = (f", {args.quantize} weights" if args.quantize else "") + (", packed" if args.pack else "")
-    weights += ", compiled" if args.compile else ""
+    weights += (", compiled" if args.compile else "") + (", static compiled verification" if args.static_verify else "")
     print(f"method {args.method} | target {args.target} ({args.dtype}{weights}) | new tokens {len(new_ids)} | "
           f"steps {stats.steps} | tau {stats.tau:.2f} (mean accepted length, bonus token included)")
     line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate {plain_rate:.1f} tok/s | "
@@ -126,6 +130,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pre-pack the bfloat16 models' linears for oneDNN on CPU (the plain baseline runs them too)")
     gen.add_argument("--compile", action="store_true",
                      help="torch.compile the models' forward (not with --pack; the first calls compile for minutes)")
+    gen.add_argument("--static-verify", action="store_true",
+                     help="verify with a static KV cache and padded trees, torch.compiled with static shapes "
+                          "(specprim.hf.StaticTarget; compiles during the warm-up)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=generate_command)
     add_bench_parser(commands)

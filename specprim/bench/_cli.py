@@ -43,6 +43,9 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     bench.add_argument("--compile", action="store_true",
                        help="torch.compile the target's (and draft's) forward (not with --pack); hf and every method "
                             "use it, and it compiles during the untimed warm-up")
+    bench.add_argument("--static-verify", action="store_true",
+                       help="specprim methods verify with a static KV cache and padded trees, torch.compiled with "
+                            "static shapes (compiles in the warm-up); hf modes keep model.generate")
     bench.add_argument("--warmup-tokens", type=int, default=8,
                        help="tokens each method generates on the first prompt before timing (default 8)")
     bench.add_argument("--draft", help="draft model for leviathan and hf-assisted")
@@ -78,7 +81,7 @@ def bench_command(args: argparse.Namespace) -> int:
             num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, quantize=args.quantize, pack=args.pack,
-            compile=args.compile, warmup_tokens=args.warmup_tokens,
+            compile=args.compile, static_verify=args.static_verify, warmup_tokens=args.warmup_tokens,
             draft=args.draft,
             draft_quantize=args.draft_quantize, num_draft=args.num_draft,
             head=args.head, exit_layer=args.exit_layer, tree=args.tree, acceptance=args.acceptance,

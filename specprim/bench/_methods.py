@@ -1,9 +1,10 @@
 """The methods a benchmark compares: Hugging Face ``generate`` modes and every specprim preset, by name.
 
 A name maps to a factory (no flag dispatch): ``hf``, ``hf-unpacked`` (a packed target's stock kernels), ``hf-eager``
-(a compiled target's eager forward), ``hf-prompt-lookup`` and ``hf-assisted`` build :class:`HFGenerate` with fixed
-keyword arguments; every name in :data:`specprim.presets.NAMES` (or several joined by ``+``, drafting together)
-builds :class:`SpecprimGenerate` around ``presets.from_name``. New presets appear without edits here.
+(a compiled target's eager forward), ``hf-static`` (transformers' compiled static-cache decoding),
+``hf-prompt-lookup`` and ``hf-assisted`` build :class:`HFGenerate` with fixed keyword arguments; every name in
+:data:`specprim.presets.NAMES` (or several joined by ``+``, drafting together) builds :class:`SpecprimGenerate`
+around ``presets.from_name``. New presets appear without edits here.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 import torch
+from transformers import CompileConfig
 
 from specprim import presets
 from specprim._stats import GenerationStats
 from specprim.acceptance import Greedy, SpeculativeSampling, TypicalAcceptance
-from specprim.hf import input_device
+from specprim.hf import StaticTarget, input_device
+from specprim.hf._static_target import CACHE_ROUNDING
 from specprim.models import eager_forward, is_compiled, is_packed, stock_kernels
 
 BASELINE = "hf"
@@ -43,10 +46,13 @@ class Decoding:
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Generation:
     """One generation: ``new_ids`` (n,) long on the CPU, the tokens after the prompt; ``stats`` the per-step
-    record, or ``None`` for methods that do not expose one (Hugging Face's)."""
+    record, or ``None`` for methods that do not expose one (Hugging Face's); ``target_forwards`` the target
+    forwards it ran when the method counts them itself (a :class:`specprim.hf.StaticTarget` bypasses
+    ``model.forward``, where the harness counts), else ``None``."""
 
     new_ids: torch.Tensor
     stats: GenerationStats | None
+    target_forwards: int | None = None
 
 
 class BenchMethod(Protocol):
@@ -78,6 +84,9 @@ class HFGenerate:
     Sampling uses the global torch RNG, seeded with ``seed`` before the call; ``pad_token_id`` is the EOS id.
     ``stock_kernels``: run inside :func:`specprim.models.stock_kernels` (a packed model computes unpacked).
     ``eager``: run inside :func:`specprim.models.eager_forward` (a compiled model runs its eager forward).
+    ``static_cache_length``: the least length of the static cache ``generate`` makes (through
+    ``_previous_max_cache_length``, which ``generate`` keeps itself so that later calls do not recompile), so
+    prompts of different lengths share one compiled step, as they do with :class:`specprim.hf.StaticTarget`.
     """
 
     model: torch.nn.Module
@@ -85,6 +94,7 @@ class HFGenerate:
     draft_modules: tuple[torch.nn.Module, ...] = ()
     stock_kernels: bool = False
     eager: bool = False
+    static_cache_length: int = 0
 
     def __repr__(self) -> str:
         shown = {k: type(v).__name__ if isinstance(v, torch.nn.Module) else v for k, v in self.options.items()}
@@ -98,6 +108,9 @@ class HFGenerate:
         pad = eos if eos is None or isinstance(eos, int) else list(eos)[0]
         if not decoding.greedy:
             torch.manual_seed(seed)
+        if self.static_cache_length:
+            previous = getattr(self.model, "_previous_max_cache_length", -1)
+            self.model._previous_max_cache_length = max(previous, self.static_cache_length)
         with contextlib.ExitStack() as stack:
             if self.stock_kernels:
                 stack.enter_context(stock_kernels())
@@ -116,10 +129,12 @@ class SpecprimGenerate:
 
     The same ``method`` (and so the same drafter object) serves every prompt of a run: drafters keep no
     state that a new prompt must reset (``ModelDrafter`` reuses its cache by longest common prefix).
+    ``verifier``: a :class:`specprim.hf.StaticTarget` of ``target`` to verify with instead of the model's forward.
     """
 
     target: torch.nn.Module = dataclasses.field(repr=False)
     method: presets.Method
+    verifier: StaticTarget | None = dataclasses.field(default=None, repr=False)
 
     @property
     def draft_modules(self) -> tuple[torch.nn.Module, ...]:
@@ -128,10 +143,13 @@ class SpecprimGenerate:
     def generate(self, input_ids: torch.Tensor, decoding: Decoding, seed: int) -> Generation:
         generator = torch.Generator(device=input_device(self.target)).manual_seed(seed)
         out = self.method.generate(
-            self.target, input_ids, max_new_tokens=decoding.max_new_tokens, temperature=decoding.temperature,
-            top_k=decoding.top_k, top_p=decoding.top_p, eos_token_id=decoding.eos_token_id, generator=generator,
+            self.verifier or self.target, input_ids, max_new_tokens=decoding.max_new_tokens,
+            temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p,
+            eos_token_id=decoding.eos_token_id, generator=generator,
         )
-        return Generation(new_ids=out.sequences[0, input_ids.shape[1]:].cpu(), stats=out.stats)
+        forwards = None if self.verifier is None else out.stats.steps + int(input_ids.shape[1] > 1)  # + prefill
+        return Generation(new_ids=out.sequences[0, input_ids.shape[1]:].cpu(), stats=out.stats,
+                          target_forwards=forwards)
 
 
 def modules_of(obj: object, depth: int = 3) -> tuple[torch.nn.Module, ...]:
@@ -166,6 +184,8 @@ class MethodContext:
             when non-empty, so presets that take none keep working.
         target_name: the target's known model name, when it was loaded by name (the llama.cpp baselines read its
             GGUF file).
+        verifier: the :class:`specprim.hf.StaticTarget` every specprim method verifies with (``--static-verify``),
+            or ``None`` for the target model's own forward; the Hugging Face modes always call ``model.generate``.
     """
 
     target: torch.nn.Module
@@ -174,6 +194,7 @@ class MethodContext:
     acceptance: str | None = None
     preset_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     target_name: str | None = None
+    verifier: StaticTarget | None = None
 
 
 ACCEPTANCE: Mapping[str, Callable[[], Any]] = MappingProxyType({
@@ -200,6 +221,18 @@ def _hf_eager(context: MethodContext) -> BenchMethod:
     return HFGenerate(model=context.target, eager=True)
 
 
+def _hf_static(context: MethodContext) -> BenchMethod:
+    """Transformers' own compiled decoding: a static cache, and ``generate`` compiling the one-token step with static
+    shapes (on CPU too). A packed model is traced through its stock kernels. Not ``fullgraph``: the harness's
+    forward counter is a hook that runs outside the graph. Without inductor freezing: with it, ``generate``'s
+    static cache is treated as a constant (wrong tokens, then out-of-bounds cache writes; seen with torch 2.13)."""
+    compile_config = CompileConfig(dynamic=False, mode="default")
+    compile_config._compile_all_devices = True  # generate compiles on CUDA-like devices only unless told
+    options = {"cache_implementation": "static", "compile_config": compile_config}
+    return HFGenerate(model=context.target, options=options, stock_kernels=is_packed(context.target),
+                      static_cache_length=CACHE_ROUNDING)
+
+
 def _hf_prompt_lookup(context: MethodContext) -> BenchMethod:
     tokens = context.num_draft or HF_PROMPT_LOOKUP_TOKENS
     return HFGenerate(model=context.target, options={"prompt_lookup_num_tokens": tokens})
@@ -215,7 +248,7 @@ def _hf_assisted(context: MethodContext) -> BenchMethod:
 
 
 HF_METHODS: Mapping[str, Callable[[MethodContext], BenchMethod]] = MappingProxyType({
-    BASELINE: _hf, "hf-unpacked": _hf_unpacked, "hf-eager": _hf_eager,
+    BASELINE: _hf, "hf-unpacked": _hf_unpacked, "hf-eager": _hf_eager, "hf-static": _hf_static,
     "hf-prompt-lookup": _hf_prompt_lookup, "hf-assisted": _hf_assisted,
 })
 
@@ -262,4 +295,4 @@ def build_method(name: str, context: MethodContext) -> BenchMethod:
         if context.acceptance not in ACCEPTANCE:
             raise ValueError(f"unknown acceptance rule {context.acceptance!r}; known: {sorted(ACCEPTANCE)}")
         method = dataclasses.replace(method, acceptance=ACCEPTANCE[context.acceptance]())
-    return SpecprimGenerate(target=context.target, method=method)
+    return SpecprimGenerate(target=context.target, method=method, verifier=context.verifier)

@@ -20,7 +20,7 @@ from specprim.bench._prompts import Prompt, conversation_ids, read_prompts
 from specprim.bench._report import heading
 from specprim.bench._results import BenchResults
 from specprim.bench._runner import SEED_STRIDE, measure
-from specprim.hf import check_tokenizers_compatible, input_device
+from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
 from specprim.speedup import CostModel, measure_verify_costs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -68,7 +68,7 @@ def _methods(names: Sequence[str], context: MethodContext,
         if method is None:
             built[name] = build_method(name, context)
         elif isinstance(method, presets.Method):
-            built[name] = SpecprimGenerate(target=context.target, method=method)
+            built[name] = SpecprimGenerate(target=context.target, method=method, verifier=context.verifier)
         else:
             built[name] = method
     return built
@@ -91,6 +91,7 @@ def run(
     quantize: str | None = None,
     pack: bool = False,
     compile: bool = False,  # noqa: A002 - the option's name on the command line
+    static_verify: bool = False,
     draft: str | os.PathLike[str] | Model | None = None,
     draft_quantize: str | None = None,
     num_draft: int | None = None,
@@ -127,6 +128,9 @@ def run(
         compile: ``torch.compile`` the target's (and draft's) forward (:func:`specprim.models.compile_forward`);
             ``hf`` and every method run the compiled model. Compilation happens in the untimed warm-up, so raise
             ``warmup_tokens`` until the warm-up meets every kind of forward the timed runs make.
+        static_verify: every specprim method verifies through one shared :class:`specprim.hf.StaticTarget` (static
+            KV cache, trees padded to a few sizes, ``torch.compile``d with static shapes; compiles in the warm-up,
+            about 40 s per tree-size bucket on 2 cores); the Hugging Face modes keep ``model.generate``.
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
         draft_quantize: like ``quantize``, for the draft model.
         num_draft: the preset's draft length.
@@ -170,14 +174,16 @@ def run(
     options = {key: value for key, value in (("head", None if head is None else str(head)),
                                               ("exit_layer", exit_layer), ("tree", tree)) if value is not None}
     context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
-                            preset_options=options, target_name=target if isinstance(target, str) else None)
+                            preset_options=options, target_name=target if isinstance(target, str) else None,
+                            verifier=StaticTarget(model) if static_verify else None)
     method_map = _methods(methods, context, custom or {})
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)
     costs = None
     if predict:
         first = conversation_ids(tokenizer, prompt_list[0].turns[:1], [])
-        costs = CostModel(*measure_verify_costs(model, first, sizes=(0, 1, 2, 4, 8, 16, 32, 64), repeats=3))
+        timed = context.verifier or model  # what the methods verify with
+        costs = CostModel(*measure_verify_costs(timed, first, sizes=(0, 1, 2, 4, 8, 16, 32, 64), repeats=3))
     load_before = load_average()
     rows, summaries = measure(target=model, tokenizer=tokenizer, prompts=prompt_list, methods=method_map,
                               decoding=decoding, dataset=label, repeats=repeats, seed=seed,
@@ -185,7 +191,7 @@ def run(
     settings = {
         "target": str(target) if not isinstance(target, Model) else type(target).__name__,
         "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."), "quantize": quantize,
-        "pack": pack, "compile": compile,
+        "pack": pack, "compile": compile, "static_verify": static_verify,
         "device": str(input_device(model)), "dataset": label, "num_prompts": len(prompt_list),
         "prompt_ids": [p.id for p in prompt_list], "methods": list(method_map), "max_new_tokens": max_new_tokens,
         "turns": turns, "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,

@@ -60,6 +60,7 @@ class ForwardCounter:
         self._model = model
         self._handle = model.register_forward_pre_hook(self._hook)
 
+    @torch._dynamo.disable  # a forward that generate compiles itself (hf-static) calls it eagerly, uncompiled
     def _hook(self, module: torch.nn.Module, args: object) -> None:
         if module is self._model:
             self.count += 1
@@ -102,7 +103,7 @@ def answer(
         generation = method.generate(ids, decoding, seed + turn)
         _synchronize(memory.device)
         seconds += time.perf_counter() - start
-        forwards += counter.count
+        forwards += counter.count if generation.target_forwards is None else generation.target_forwards
         turn_peak = memory.peak_bytes()
         peak = turn_peak if peak is None else max(peak, turn_peak or 0)
         inputs.append(ids)

@@ -2,6 +2,7 @@
 
 from specprim.hf._batched_target import BatchedHFTarget
 from specprim.hf._draft_lm import LMDraftModel
+from specprim.hf._static_target import StaticTarget, query_bucket
 from specprim.hf._target import (
     HFTarget,
     check_causal_lm,
@@ -17,11 +18,13 @@ __all__ = [
     "BatchedHFTarget",
     "HFTarget",
     "LMDraftModel",
+    "StaticTarget",
     "check_causal_lm",
     "check_tokenizers_compatible",
     "context_length",
     "input_device",
     "num_layers",
+    "query_bucket",
     "sliding_window",
     "truncated_view",
     "vocab_size",

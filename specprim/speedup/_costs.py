@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprim._types import DraftTree
-from specprim.hf import HFTarget
+from specprim.hf import HFTarget, StaticTarget
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,20 +98,22 @@ def _median_seconds(run: Callable[[], object], repeats: int) -> float:
 
 @torch.no_grad()
 def measure_verify_costs(
-    target: torch.nn.Module, input_ids: torch.Tensor, sizes: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
+    target: torch.nn.Module | StaticTarget, input_ids: torch.Tensor, sizes: Sequence[int] = (0, 1, 2, 4, 8, 16, 32, 64),
     repeats: int = 5,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """Time the target's verification forward after prefilling ``input_ids`` (1, T), for each tree size.
 
     Trees are chains of random tokens (the forward's cost depends on the size, not the shape). The cache is
     rolled back after every forward, so every size sees the same prefix. Returns ``(sizes, seconds)``.
+    ``target`` may be a :class:`specprim.hf.StaticTarget`: its padded, compiled forward is timed (each padded size
+    compiles in the warm-up of its first repeat).
     """
     sizes = tuple(sorted(set(int(s) for s in sizes) | {0}))
     if sizes[0] < 0:
         raise ValueError("tree sizes must be >= 0")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    verifier = HFTarget(target)
+    verifier = target if isinstance(target, StaticTarget) else HFTarget(target)
     verifier.start(input_ids)
     root = input_ids[:, -1].to(verifier.device)  # (1,)
     generator = torch.Generator().manual_seed(0)

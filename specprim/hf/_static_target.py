@@ -1,0 +1,269 @@
+"""Tree verification with static shapes: a preallocated KV cache and trees padded to a few fixed sizes, so one
+``torch.compile``d forward (``fullgraph``, no dynamic shapes) serves every step of a run."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Callable, Iterator
+
+import torch
+from torch._dynamo import config as dynamo_config
+from torch._inductor import config as inductor_config
+from transformers import PreTrainedModel, StaticCache
+from transformers.cache_utils import StaticLayer
+from transformers.utils import output_capturing
+
+from specprim._types import DraftTree
+from specprim.hf._target import ModelRunner
+from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
+from specprim.models._pack import stock_kernels
+
+QUERY_BUCKETS = (2, 4, 8, 16, 32, 64)
+"""Padded sizes of ``[root] + tree``; larger trees are padded to a multiple of the last one."""
+
+CACHE_ROUNDING = 512
+"""The static cache's length is a multiple of this, so prompts of similar length share compiled forwards."""
+
+RECOMPILE_LIMIT = 64
+"""Distinct (query bucket, cache length, feature layers) shapes one process may compile before falling back."""
+
+
+def query_bucket(size: int) -> int:
+    """The padded query length for a forward over ``size`` tokens: the smallest of :data:`QUERY_BUCKETS` that
+    holds it, else the next multiple of the largest."""
+    for bucket in QUERY_BUCKETS:
+        if size <= bucket:
+            return bucket
+    step = QUERY_BUCKETS[-1]
+    return -(-size // step) * step
+
+
+class StaticTarget(ModelRunner):
+    """A Hugging Face causal LM as a speculative-decoding target with static shapes, optionally compiled.
+
+    Same interface as :class:`~specprim.hf.HFTarget` (``start``, ``verify``, ``commit``, ``past_length``); pass it
+    to :func:`specprim.speculative_generate` in place of the model. Differences:
+
+    * the KV cache is a :class:`transformers.StaticCache` whose length is a multiple of :data:`CACHE_ROUNDING`
+      (reallocated, larger, when a sequence needs it); committing moves the accepted path's entries in place;
+    * each verification pads ``[root] + tree`` to :func:`query_bucket` tokens (padding rows see only
+      themselves and write cache slots that no real token reads before they are overwritten);
+    * the layers run in a loop of this class's own, so the hidden states EAGLE drafters need come out of the
+      same graph without hooks.
+
+    With ``compile=True`` that loop is ``torch.compile``d with ``fullgraph=True`` and static shapes (inductor
+    freezing on, which pre-packs the weights for oneDNN on CPU): one compilation per (query bucket, cache length,
+    feature layers), about 40 s each for SmolLM2-135M on 2 CPU cores, reused across calls and prompts. The
+    prefill always runs eagerly. A model with packed weights (:func:`specprim.models.pack_weights`) keeps them for
+    the eager prefill, and the compiled forward lets freezing pack the weights its own way. Keep one
+    ``StaticTarget`` per model for a whole run.
+
+    Guarantees: with ``compile=False`` it computes what :class:`HFTarget` computes (greedy outputs equal
+    ``model.generate``'s in fp32, tested); compiled, it computes the same function up to floating-point rounding,
+    and speculative decoding stays lossless with respect to the compiled verifier.
+
+    Supports Llama-style decoders (``model.model`` with ``embed_tokens``, ``layers``, ``norm``, ``rotary_emb``;
+    Llama, Qwen2, Mistral, ...) with full attention in every layer and batch size 1; anything else raises
+    ``TypeError`` (use :class:`HFTarget`).
+    """
+
+    def __init__(self, model: PreTrainedModel, *, compile: bool = True) -> None:  # noqa: A002 - the option's name
+        super().__init__(model)
+        self.decoder = _llama_style_decoder(model)
+        self.compiled = compile
+        self.past_length = 0
+        self.cache: StaticCache | None = None  # type: ignore[assignment]
+        self._layer_cache_kwarg = _layer_cache_kwarg(self.decoder.layers[0])
+        self._forward_layers: Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = self._layers
+        if compile:
+            self._forward_layers = torch.compile(self._layers, dynamic=False, fullgraph=True)
+
+    @torch.no_grad()
+    def start(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
+        """Prefill the cache with ``input_ids[:, :-1]`` (1, T), eagerly; the last token becomes the root.
+
+        Returns one (1, T - 1, H) hidden-state tensor per entry of ``feature_layers`` (indices into
+        ``output_hidden_states``: 0 the embeddings, ``i`` the output of layer ``i - 1``, the last the final norm's).
+        """
+        if input_ids.shape[0] != 1:
+            raise ValueError(f"StaticTarget decodes one sequence at a time, got a batch of {input_ids.shape[0]}")
+        self._check_feature_layers(feature_layers)
+        prefix = input_ids[:, :-1].to(self.device)  # (1, T - 1)
+        length = prefix.shape[1]
+        self._reserve(length + QUERY_BUCKETS[0], keep=0)
+        self.past_length = 0
+        self._write_from(0)
+        allowed = torch.zeros(length, self.cache_length, dtype=torch.bool)
+        allowed[:, :length] = torch.ones(length, length, dtype=torch.bool).tril()
+        _, hidden = self._layers(
+            prefix, torch.arange(length, device=self.device).view(1, -1), self._mask(allowed), feature_layers
+        )
+        self.past_length = length
+        return hidden
+
+    @torch.no_grad()
+    def verify(
+        self, root: torch.Tensor, tree: DraftTree, feature_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Score ``[root] + tree`` in one forward of :func:`query_bucket` ``(N + 1)`` padded tokens.
+
+        Args:
+            root: (1,) long, the last committed token.
+            tree: the draft tree, batch size 1.
+            feature_layers: indices into ``output_hidden_states`` to return.
+        Returns:
+            logits: (1, N + 1, V) float32; row 0 scores the root's children, row ``i + 1`` the children of node ``i``.
+            hidden: one (1, N + 1, H) tensor per entry of ``feature_layers`` (row 0 is the root's).
+        """
+        if tree.batch_size != 1:
+            raise ValueError(f"StaticTarget verifies one tree at a time, got a batch of {tree.batch_size}")
+        self._check_feature_layers(feature_layers)
+        real = 1 + tree.num_nodes
+        padded = query_bucket(real)
+        self.check_length(self.past_length + real)
+        self._reserve(self.past_length + padded, keep=self.past_length)
+        past = self.past_length
+        ids = torch.zeros(1, padded, dtype=torch.long, device=self.device)  # (1, Q)
+        ids[0, 0] = root.reshape(-1)[0]
+        ids[0, 1:real] = tree.tokens[0]
+        positions = torch.full((padded,), past, dtype=torch.long)  # (Q,), padding rows at the root's position
+        positions[1:real] = tree_position_ids(tree.parents.cpu(), offset=past)
+        allowed = torch.zeros(padded, self.cache_length, dtype=torch.bool)  # (Q, L)
+        allowed[:real, : past + 1] = True  # prefix and root
+        allowed[1:real, past + 1 : past + real] = tree_attention_mask(tree.parents.cpu(), device="cpu")
+        pad_rows = torch.arange(real, padded)
+        allowed[pad_rows, past + pad_rows] = True  # padding sees itself only, so no row is fully masked
+        self._write_from(past)
+        with self._compiling():
+            logits, hidden = self._forward_layers(
+                ids, positions.view(1, -1).to(self.device), self._mask(allowed), feature_layers
+            )
+        return logits[:, :real].float(), tuple(h[:, :real] for h in hidden)
+
+    def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
+        """Keep the KV entries of the root and the accepted nodes: copy them in place to follow the root.
+
+        Args:
+            path: (1, D) long node ids, ``-1`` padded, as in :class:`specprim.Verdict`.
+            num_accepted: (1,) long.
+        """
+        assert self.cache is not None, "call start() first"
+        accepted = int(num_accepted.reshape(-1)[0])
+        tree_start = self.past_length + 1  # cache index of node 0
+        kept = path[0, :accepted].cpu()  # (a,)
+        if not torch.equal(kept, torch.arange(accepted)):  # nodes 0..a-1 are already in place
+            source = (kept + tree_start).to(self.device)
+            for layer in self.cache.layers:
+                layer.keys[:, :, tree_start : tree_start + accepted] = layer.keys[:, :, source]
+                layer.values[:, :, tree_start : tree_start + accepted] = layer.values[:, :, source]
+        self.past_length = tree_start + accepted
+
+    @property
+    def cache_length(self) -> int:
+        """Positions the static cache holds now (0 before :meth:`start`)."""
+        return 0 if self.cache is None else self.cache.layers[0].max_cache_len
+
+    def _layers(
+        self, ids: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, feature_layers: tuple[int, ...]
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """ids (1, Q), positions (1, Q), additive mask (1, 1, Q, L) -> logits (1, Q, V) and the
+        ``feature_layers`` hidden states (1, Q, H) each; writes the Q new KV entries into the static cache."""
+        decoder = self.decoder
+        hidden = decoder.embed_tokens(ids)  # (1, Q, H)
+        states = [hidden]  # output_hidden_states order: embeddings, then each layer's output, the last normed
+        rotary = decoder.rotary_emb(hidden, position_ids=positions)
+        last = len(decoder.layers) - 1
+        for index, layer in enumerate(decoder.layers):
+            hidden = layer(
+                hidden, attention_mask=mask, position_ids=positions, position_embeddings=rotary, use_cache=True,
+                **{self._layer_cache_kwarg: self.cache},
+            )
+            states.append(decoder.norm(hidden) if index == last else hidden)
+        logits = self.model.get_output_embeddings()(states[-1])  # (1, Q, V)
+        return logits, tuple(states[i] for i in feature_layers)
+
+    @contextlib.contextmanager
+    def _compiling(self) -> Iterator[None]:
+        """The settings the compiled forward is traced and run under: inductor freezing, room for one compiled
+        graph per shape, and packed layers (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``,
+        which freezing then pre-packs itself. Nothing for the eager forward."""
+        if not self.compiled:
+            yield
+            return
+        with (inductor_config.patch(freezing=True), dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT),
+              stock_kernels(), _output_capturing_off()):
+            yield
+
+    def _write_from(self, position: int) -> None:
+        """Make the next forward write its KV entries from cache index ``position`` on (``StaticLayer.update``
+        writes at each layer's ``cumulative_length``)."""
+        assert self.cache is not None
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(position)
+
+    def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
+        return additive_mask(allowed, dtype=self.dtype, device=self.device)  # (1, 1, Q, L)
+
+    def _reserve(self, length: int, keep: int) -> None:
+        """Make the cache hold ``length`` positions, keeping the first ``keep`` entries when it must grow."""
+        if length <= self.cache_length:
+            return
+        old = self.cache
+        cache = StaticCache(config=self.model.config, max_cache_len=-(-length // CACHE_ROUNDING) * CACHE_ROUNDING)
+        for layer in cache.layers:
+            if type(layer) is not StaticLayer:
+                raise TypeError(f"{type(self.model).__name__} uses cache layer {type(layer).__name__}; StaticTarget "
+                                "supports full attention in every layer only (use HFTarget)")
+        cache.early_initialization(
+            batch_size=1, num_heads=self._num_kv_heads(), head_dim=self._head_dim(), dtype=self.dtype,
+            device=self.device,
+        )
+        self.cache = cache
+        if old is not None and keep:
+            for new_layer, old_layer in zip(self.cache.layers, old.layers, strict=True):
+                new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
+                new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
+
+    def _num_kv_heads(self) -> int:
+        config = self.model.config.get_text_config()
+        return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+
+    def _head_dim(self) -> int:
+        config = self.model.config.get_text_config()
+        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+
+    def _check_feature_layers(self, feature_layers: tuple[int, ...]) -> None:
+        count = len(self.decoder.layers) + 1
+        for index in feature_layers:
+            if not 0 <= index < count:
+                raise ValueError(f"feature layer {index} is outside output_hidden_states' range [0, {count})")
+
+
+@contextlib.contextmanager
+def _output_capturing_off() -> Iterator[None]:
+    """Let dynamo trace through transformers' output-capturing hooks (installed on the layers once anything asked the
+    model for hidden states): while on, their collector reads as a plain ``None`` global instead of a ``ContextVar``,
+    which dynamo cannot trace, so the hooks do nothing and leave the graph whole."""
+    collector = getattr(output_capturing, "_active_collector", None)
+    if collector is None or not hasattr(collector, "compiling") or collector.compiling:
+        yield
+        return
+    collector.compiling, collector.global_var = True, None
+    try:
+        yield
+    finally:
+        collector.compiling, collector.global_var = False, None
+
+
+def _llama_style_decoder(model: PreTrainedModel) -> torch.nn.Module:
+    decoder = getattr(model, "model", None)
+    if not all(hasattr(decoder, name) for name in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        raise TypeError(f"StaticTarget supports Llama-style decoders (model.model with embed_tokens, layers, norm, "
+                        f"rotary_emb); {type(model).__name__} is not one: use HFTarget")
+    return decoder
+
+
+def _layer_cache_kwarg(layer: torch.nn.Module) -> str:
+    params = inspect.signature(layer.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

@@ -1,0 +1,162 @@
+"""``StaticTarget``: static-cache, padded-tree verification. Eager and compiled, it decodes exactly what the model's
+own ``generate`` decodes (fp32, branching trees whose accepted nodes must be moved in the cache, EAGLE-3 hidden
+states, a cache that grows mid-generation, sampling with a fixed seed); a verifier that skips the cache move is
+caught; the bench verifies through it; unsupported models and inputs raise clear errors."""
+
+import pytest
+import torch
+from _tiny import tiny_causal_lm, tiny_tokenizer
+from test_eagle import PROMPT, hf_greedy, make_head, trained_eagle3  # noqa: F401 - trained_eagle3 is a fixture
+
+from specprim import DraftTree, speculative_generate
+from specprim.acceptance import Greedy, SpeculativeSampling
+from specprim.bench import run
+from specprim.drafters import PromptLookup
+from specprim.drafters._eagle_draft import eagle_drafter
+from specprim.hf import HFTarget, StaticTarget, query_bucket
+from specprim.hf import _static_target
+from specprim.trees import DynamicTree
+
+BRANCHING = DynamicTree(depth=3, top_k=3, budget=9)
+SHORT = PROMPT[:, :4]
+
+
+def _eagle3(target, seed=0):
+    """An untrained EAGLE-3 head: parity with any tree, though it rarely gets a draft accepted."""
+    return eagle_drafter(make_head(target, 3, 24, seed=seed), BRANCHING)
+
+
+def _decode(verifier, drafter, prompt=PROMPT, max_new_tokens=32, **kwargs):
+    return speculative_generate(verifier, prompt, drafter=drafter, acceptance=Greedy(), max_new_tokens=max_new_tokens,
+                                **kwargs)
+
+
+def test_query_buckets_hold_the_tree_and_stay_few():
+    assert [query_bucket(n) for n in (1, 2, 3, 4, 5, 9, 16, 17, 64, 65, 130)] == [2, 2, 4, 4, 8, 16, 16, 32, 64, 128,
+                                                                                    192]
+
+
+def test_eager_static_verification_equals_generate_when_accepted_nodes_move(trained_eagle3):
+    target, head = trained_eagle3
+    out = _decode(StaticTarget(target, compile=False), eagle_drafter(head, BRANCHING), SHORT, 40)
+    assert torch.equal(out.sequences, hf_greedy(target, SHORT, 40))
+    assert out.stats.tau > 1.3  # several tokens per step ...
+    assert any(rank > 0 for _, _, rank in out.stats.sibling_outcomes)  # ... and a later sibling's entries moved
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_eager_static_verification_equals_generate(arch):
+    target = tiny_causal_lm(arch)
+    for drafter in (_eagle3(target), PromptLookup()):
+        out = _decode(StaticTarget(target, compile=False), drafter)
+        assert torch.equal(out.sequences, hf_greedy(target, PROMPT, 32))
+
+
+def test_hidden_states_and_logits_equal_the_dynamic_cache_verifier():
+    target = tiny_causal_lm("llama")
+    layers = (0, 1, 2)  # embeddings, layer 0's output, the final norm's output
+    static, dynamic = StaticTarget(target, compile=False), HFTarget(target)
+    for hidden_static, hidden_dynamic in zip(static.start(PROMPT, layers), dynamic.start(PROMPT, layers), strict=True):
+        assert hidden_static.shape == (1, PROMPT.shape[1] - 1, 32)
+        torch.testing.assert_close(hidden_static, hidden_dynamic)
+    tree = DraftTree(tokens=torch.tensor([[11, 12, 13, 14, 15]]), parents=torch.tensor([-1, 0, -1, 2, 1]))
+    root = PROMPT[:, -1]
+    logits_static, hidden_static = static.verify(root, tree, layers)  # 6 tokens, padded to 8
+    logits_dynamic, hidden_dynamic = dynamic.verify(root, tree, layers)
+    assert logits_static.shape == (1, 6, 97) and logits_static.dtype == torch.float32
+    torch.testing.assert_close(logits_static, logits_dynamic)
+    for a, b in zip(hidden_static, hidden_dynamic, strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_verifier_that_skips_the_cache_move_is_caught(trained_eagle3):
+    class NoMove(StaticTarget):
+        def commit(self, path, num_accepted):
+            self.past_length += 1 + int(num_accepted[0])  # keeps whatever the tree left in the accepted slots
+
+    target, head = trained_eagle3
+    out = _decode(NoMove(target, compile=False), eagle_drafter(head, BRANCHING), SHORT, 40)
+    assert not torch.equal(out.sequences, hf_greedy(target, SHORT, 40))
+
+
+def test_the_cache_grows_mid_generation(monkeypatch, trained_eagle3):
+    monkeypatch.setattr(_static_target, "CACHE_ROUNDING", 16)
+    target, head = trained_eagle3
+    verifier = StaticTarget(target, compile=False)
+    out = _decode(verifier, eagle_drafter(head, BRANCHING), SHORT, 40)
+    assert verifier.cache_length >= SHORT.shape[1] + 40 and verifier.cache_length % 16 == 0
+    assert torch.equal(out.sequences, hf_greedy(target, SHORT, 40))
+    again = _decode(verifier, eagle_drafter(head, BRANCHING), PROMPT, 40)  # reuses the grown cache
+    assert torch.equal(again.sequences, hf_greedy(target, PROMPT, 40))
+
+
+def test_sampling_consumes_randomness_exactly_as_the_dynamic_cache_verifier():
+    target = tiny_causal_lm("llama")
+    outputs = []
+    for verifier in (StaticTarget(target, compile=False), target):
+        generator = torch.Generator().manual_seed(3)
+        outputs.append(speculative_generate(verifier, PROMPT, drafter=_eagle3(target), acceptance=SpeculativeSampling(),
+                                            max_new_tokens=24, temperature=1.0, generator=generator).sequences)
+    assert torch.equal(*outputs)
+
+
+def test_compiled_static_verification_equals_generate(trained_eagle3):
+    target, head = trained_eagle3
+    verifier = StaticTarget(target)  # compiled: one graph per (bucket, cache length, feature layers)
+    for drafter in (eagle_drafter(head, BRANCHING), PromptLookup()):
+        out = _decode(verifier, drafter, SHORT, 40)
+        assert torch.equal(out.sequences, hf_greedy(target, SHORT, 40))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0
+
+
+def test_bench_verifies_every_specprim_method_through_one_static_target():
+    results = run(target=tiny_causal_lm("llama"), tokenizer=tiny_tokenizer(), methods=["hf-static", "prompt-lookup"],
+                  prompts=["t5 t6 t7 t8 t5 t6 t7"], max_new_tokens=8, static_verify=True, argv=[])
+    assert results.meta["settings"]["static_verify"] is True
+    assert [s.method for s in results.results] == ["hf", "hf-static", "prompt-lookup"]
+    assert all(s.identical for s in results.results)  # fp32: transformers' compiled step and ours agree with hf
+    lookup = results.results[2]
+    assert lookup.target_forwards == lookup.steps + 1  # counted by the method: the static loop bypasses forward
+
+
+def test_verify_costs_time_the_static_forward():
+    from specprim.speedup import measure_verify_costs
+
+    verifier = StaticTarget(tiny_causal_lm("llama"), compile=False)
+    sizes, seconds = measure_verify_costs(verifier, PROMPT, sizes=(0, 3), repeats=1)
+    assert sizes == (0, 3) and all(t > 0 for t in seconds)
+    assert verifier.past_length > PROMPT.shape[1] - 1  # it really verified through the StaticTarget
+
+
+def test_cli_generate_verifies_through_a_static_target(tmp_path, capsys):
+    from specprim import cli
+
+    model_dir = tmp_path / "tiny"
+    tiny_causal_lm("llama").save_pretrained(model_dir)
+    tiny_tokenizer().save_pretrained(model_dir)
+    assert cli.main(["generate", "--target", str(model_dir), "--method", "prompt-lookup", "--static-verify",
+                     "--prompt", "t5 t6 t7 t8 t5 t6 t7", "--max-new-tokens", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "static compiled verification" in out and "identical to plain greedy: yes" in out
+    model_dir_gpt2 = tmp_path / "gpt2"
+    tiny_causal_lm("gpt2").save_pretrained(model_dir_gpt2)
+    tiny_tokenizer().save_pretrained(model_dir_gpt2)
+    with pytest.raises(SystemExit, match="Llama-style"):
+        cli.main(["generate", "--target", str(model_dir_gpt2), "--static-verify", "--prompt", "t5"])
+
+
+def test_unsupported_models_and_inputs_raise_clear_errors():
+    with pytest.raises(TypeError, match="Llama-style"):
+        StaticTarget(tiny_causal_lm("gpt2"))
+    gemma = StaticTarget(tiny_causal_lm("gemma3", window=8), compile=False)
+    with pytest.raises(TypeError, match="full attention"):
+        gemma.start(PROMPT)
+    target = tiny_causal_lm("llama")
+    verifier = StaticTarget(target, compile=False)
+    with pytest.raises(ValueError, match="one sequence"):
+        verifier.start(PROMPT.expand(2, -1))
+    with pytest.raises(ValueError, match="feature layer 5"):
+        verifier.start(PROMPT, (5,))
+    with pytest.raises(ValueError, match="one sequence at a time"):
+        speculative_generate(verifier, PROMPT.expand(2, -1), drafter=PromptLookup(), acceptance=Greedy(),
+                             max_new_tokens=4)
