@@ -6,19 +6,24 @@ caught; the bench verifies through it; unsupported models and inputs raise clear
 import pytest
 import torch
 from _tiny import tiny_causal_lm, tiny_tokenizer
-from test_eagle import PROMPT, hf_greedy, make_head, trained_eagle3  # noqa: F401 - trained_eagle3 is a fixture
+from test_eagle import PROMPT, hf_greedy, make_head, trained_eagle3
 
 from specprim import DraftTree, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
 from specprim.bench import run
 from specprim.drafters import PromptLookup
 from specprim.drafters._eagle_draft import eagle_drafter
-from specprim.hf import HFTarget, StaticTarget, query_bucket
-from specprim.hf import _static_target
+from specprim.hf import HFTarget, StaticTarget, _static_target, query_bucket
 from specprim.trees import DynamicTree
 
 BRANCHING = DynamicTree(depth=3, top_k=3, budget=9)
 SHORT = PROMPT[:, :4]
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """test_eagle's tiny Llama with an EAGLE-3 head trained to get drafts accepted."""
+    return trained_eagle3.__wrapped__()
 
 
 def _eagle3(target, seed=0):
@@ -36,8 +41,8 @@ def test_query_buckets_hold_the_tree_and_stay_few():
                                                                                     192]
 
 
-def test_eager_static_verification_equals_generate_when_accepted_nodes_move(trained_eagle3):
-    target, head = trained_eagle3
+def test_eager_static_verification_equals_generate_when_accepted_nodes_move(trained):
+    target, head = trained
     out = _decode(StaticTarget(target, compile=False), eagle_drafter(head, BRANCHING), SHORT, 40)
     assert torch.equal(out.sequences, hf_greedy(target, SHORT, 40))
     assert out.stats.tau > 1.3  # several tokens per step ...
@@ -50,6 +55,8 @@ def test_eager_static_verification_equals_generate(arch):
     for drafter in (_eagle3(target), PromptLookup()):
         out = _decode(StaticTarget(target, compile=False), drafter)
         assert torch.equal(out.sequences, hf_greedy(target, PROMPT, 32))
+    one_token = _decode(StaticTarget(target, compile=False), _eagle3(target), PROMPT[:, :1], 12)
+    assert torch.equal(one_token.sequences, hf_greedy(target, PROMPT[:, :1], 12))
 
 
 def test_hidden_states_and_logits_equal_the_dynamic_cache_verifier():
@@ -69,19 +76,19 @@ def test_hidden_states_and_logits_equal_the_dynamic_cache_verifier():
         torch.testing.assert_close(a, b)
 
 
-def test_a_verifier_that_skips_the_cache_move_is_caught(trained_eagle3):
+def test_a_verifier_that_skips_the_cache_move_is_caught(trained):
     class NoMove(StaticTarget):
         def commit(self, path, num_accepted):
             self.past_length += 1 + int(num_accepted[0])  # keeps whatever the tree left in the accepted slots
 
-    target, head = trained_eagle3
+    target, head = trained
     out = _decode(NoMove(target, compile=False), eagle_drafter(head, BRANCHING), SHORT, 40)
     assert not torch.equal(out.sequences, hf_greedy(target, SHORT, 40))
 
 
-def test_the_cache_grows_mid_generation(monkeypatch, trained_eagle3):
+def test_the_cache_grows_mid_generation(monkeypatch, trained):
     monkeypatch.setattr(_static_target, "CACHE_ROUNDING", 16)
-    target, head = trained_eagle3
+    target, head = trained
     verifier = StaticTarget(target, compile=False)
     out = _decode(verifier, eagle_drafter(head, BRANCHING), SHORT, 40)
     assert verifier.cache_length >= SHORT.shape[1] + 40 and verifier.cache_length % 16 == 0
@@ -100,8 +107,8 @@ def test_sampling_consumes_randomness_exactly_as_the_dynamic_cache_verifier():
     assert torch.equal(*outputs)
 
 
-def test_compiled_static_verification_equals_generate(trained_eagle3):
-    target, head = trained_eagle3
+def test_compiled_static_verification_equals_generate(trained):
+    target, head = trained
     verifier = StaticTarget(target)  # compiled: one graph per (bucket, cache length, feature layers)
     for drafter in (eagle_drafter(head, BRANCHING), PromptLookup()):
         out = _decode(verifier, drafter, SHORT, 40)
