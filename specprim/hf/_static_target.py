@@ -95,8 +95,7 @@ class StaticTarget(ModelRunner):
         self.past_length = 0
         self._write_from(0)
         if length == 0:  # a one-token prompt: nothing to prefill
-            size = self.model.config.get_text_config().hidden_size
-            return tuple(prefix.new_zeros(1, 0, size, dtype=self.dtype) for _ in feature_layers)
+            return self._no_hidden_states(1, feature_layers)
         allowed = torch.zeros(length, self.cache_length, dtype=torch.bool)
         allowed[:, :length] = torch.ones(length, length, dtype=torch.bool).tril()
         _, hidden = self._layers(

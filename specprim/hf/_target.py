@@ -119,6 +119,11 @@ class ModelRunner:
         hidden = tuple(out.hidden_states[i].to(self.device) for i in feature_layers) if feature_layers else ()
         return out.logits, hidden
 
+    def _no_hidden_states(self, batch: int, feature_layers: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        """What a prefill of zero tokens returns: one empty (B, 0, H) tensor per feature layer."""
+        size = self.model.config.get_text_config().hidden_size
+        return tuple(torch.zeros(batch, 0, size, dtype=self.dtype, device=self.device) for _ in feature_layers)
+
     def _check_cache_layers(self) -> None:
         assert self.cache is not None
         for layer in self.cache.layers:
@@ -156,13 +161,11 @@ class HFTarget(ModelRunner):
         self.cache = DynamicCache(config=self.model.config)
         self.past_length = 0
         prefix = input_ids[:, :-1].to(self.device)  # (B, T - 1)
-        hidden: tuple[torch.Tensor, ...] = ()
         if prefix.shape[1] > 0:
             _, hidden = self._forward(prefix, attention_mask=None, position_ids=None, feature_layers=feature_layers)
             self.past_length = prefix.shape[1]
-        elif feature_layers:
-            size = self.model.config.get_text_config().hidden_size
-            hidden = tuple(prefix.new_zeros(prefix.shape[0], 0, size, dtype=self.dtype) for _ in feature_layers)
+        else:
+            hidden = self._no_hidden_states(prefix.shape[0], feature_layers)
         self._check_cache_layers()
         return hidden
 
