@@ -142,6 +142,29 @@ def test_cost_model_interpolates_and_validates():
         CostModel((0,), (0.1,)).draft(2)
 
 
+def test_padded_cost_model_prices_a_tree_by_its_padded_size():
+    from specprim.speedup import padded_sizes
+
+    assert padded_sizes(32) == (0, 1, 3, 7, 15, 31, 63) and padded_sizes(3) == (0, 1, 3)
+    costs = CostModel((0, 1, 3, 7, 15), (0.05, 0.05, 0.052, 0.06, 0.08), padded=True)
+    assert [costs.verify(n) for n in (0, 1, 2, 3, 4, 7, 8, 15)] == [0.05, 0.05, 0.052, 0.052, 0.06, 0.06, 0.08, 0.08]
+    unpadded = CostModel(costs.verify_sizes, costs.verify_s)
+    assert unpadded.verify(4) == pytest.approx(0.054)  # interpolated: a padded verifier really pays 0.06
+
+
+def test_tune_through_a_static_target_uses_padded_costs():
+    from specprim.hf import StaticTarget
+    from specprim.speedup import tune
+
+    target, draft = tiny_causal_lm("llama", seed=0), tiny_causal_lm("llama", seed=1)
+    prompts = [torch.randint(2, VOCAB, (1, 6), generator=torch.Generator().manual_seed(0))]
+    method = Method(ModelDrafter(draft, Chain(4)), Greedy())
+    result = tune(StaticTarget(target, compile=False), method, prompts, max_new_tokens=8,
+                  probe_tree=DynamicTree(depth=2, top_k=2, budget=4), max_nodes=4, repeats=1)
+    assert result.costs.padded and result.costs.verify_sizes == (0, 1, 3, 7)
+    assert result.choice.nodes <= 4
+
+
 def _all_trees(max_nodes, max_depth, max_width):
     """Every set of rank paths closed under parents and earlier siblings, up to ``max_nodes`` nodes."""
     universe = [p for d in range(1, max_depth + 1) for p in itertools.product(range(max_width), repeat=d)]

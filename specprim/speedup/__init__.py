@@ -13,7 +13,7 @@
 
 from specprim._stats import SiblingOutcome, sibling_outcomes
 from specprim.speedup._acceptance import RankAcceptance, sibling_ranks
-from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs
+from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs, padded_sizes
 from specprim.speedup._model import Prediction, TreeChoice, best_tree, expected_tau, predict
 from specprim.speedup._tune import PROBE_TREE, TuneResult, tune
 from specprim.speedup._union import LOOKUP_LENGTHS, LookupChoice, LookupRow, predict_replayed, tune_lookup
@@ -32,6 +32,7 @@ __all__ = [
     "expected_tau",
     "measure_costs",
     "measure_verify_costs",
+    "padded_sizes",
     "predict",
     "predict_replayed",
     "sibling_outcomes",

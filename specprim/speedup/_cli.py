@@ -72,6 +72,9 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
                       help="pre-pack the bfloat16 models' linears for oneDNN (tune for the kernels you will run)")
     tune.add_argument("--compile", action="store_true",
                       help="torch.compile the models' forward (not with --pack; compiles for minutes first)")
+    tune.add_argument("--static-verify", action="store_true",
+                      help="tune for a compiled StaticTarget (--static-verify on generate / bench): steps run through "
+                           "it and trees are priced by their padded size (compiles each padded size first)")
     tune.add_argument("--repeats", type=int, default=5, help="timings per tree size (median)")
     tune.add_argument("--lookup-lengths", type=_lengths, default=LOOKUP_LENGTHS,
                       help="comma-separated prompt-lookup lengths tried for a '+prompt-lookup' method (0: none)")
@@ -84,7 +87,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim import models, presets
     from specprim.bench._datasets import load_dataset
     from specprim.bench._prompts import conversation_ids
-    from specprim.hf import check_tokenizers_compatible
+    from specprim.hf import StaticTarget, check_tokenizers_compatible
     from specprim.speedup._tune import tune
     from specprim.speedup._union import tune_lookup
 
@@ -104,9 +107,14 @@ def tune_command(args: argparse.Namespace) -> int:
     except ValueError as error:
         raise SystemExit(f"specprim tune: {error}") from error
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
-    result = tune(target, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
+    try:
+        verifier = StaticTarget(target) if args.static_verify else target
+    except TypeError as error:
+        raise SystemExit(f"specprim tune: {error}") from error
+    result = tune(verifier, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
                   repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
     setting = args.dtype + (", packed" if args.pack else "") + (", compiled" if args.compile else "")
+    setting += ", static compiled verification" if args.static_verify else ""
     print(report(result, f"{tree_name} on {args.target} ({setting}), {len(prompts)} {args.dataset} prompts"))
     record = result.to_json()
     if tree_name != args.method:

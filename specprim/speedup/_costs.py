@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprim._types import DraftTree
-from specprim.hf import HFTarget, StaticTarget
+from specprim.hf import HFTarget, StaticTarget, query_bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +28,9 @@ class CostModel:
         draft_s: ``draft_s[d - 1]``: one drafting call that builds a tree of depth ``d``.
         other_s: per-step time outside both forwards (acceptance, cache commit, bookkeeping) for an empty tree.
         other_per_node_s: how much of that grows with each draft node (acceptance walks, masks, gathers).
+        padded: verification pads ``[root] + tree`` to :func:`specprim.hf.query_bucket` tokens (a
+            :class:`specprim.hf.StaticTarget`): a tree costs what the largest tree of its padded size costs, so
+            measure the sizes :func:`padded_sizes` lists.
     """
 
     verify_sizes: tuple[int, ...]
@@ -35,6 +38,7 @@ class CostModel:
     draft_s: tuple[float, ...] = ()
     other_s: float = 0.0
     other_per_node_s: float = 0.0
+    padded: bool = False
 
     def __post_init__(self) -> None:
         if not self.verify_sizes or self.verify_sizes[0] != 0 or list(self.verify_sizes) != sorted(
@@ -53,7 +57,9 @@ class CostModel:
 
     def verify(self, nodes: int) -> float:
         """Verification cost of ``nodes`` draft nodes: piecewise-linear in the measured sizes, extended past the
-        largest one along its last segment."""
+        largest one along its last segment. ``padded``: the cost of the largest tree of the same padded size."""
+        if self.padded:
+            nodes = query_bucket(nodes + 1) - 1
         return _piecewise_linear(self.verify_sizes, self.verify_s, nodes)
 
     def draft(self, depth: int) -> float:
@@ -70,6 +76,17 @@ class CostModel:
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+def padded_sizes(max_nodes: int) -> tuple[int, ...]:
+    """The tree sizes to time for a padded verifier up to ``max_nodes`` nodes: 0 and the largest tree of every
+    padded size (1, 3, 7, 15, ... nodes)."""
+    sizes = {0}
+    nodes = 0
+    while nodes < max_nodes:
+        nodes = query_bucket(nodes + 2) - 1  # the largest tree of the next padded size
+        sizes.add(nodes)
+    return tuple(sorted(sizes))
 
 
 def _piecewise_linear(xs: Sequence[int], ys: Sequence[float], x: float) -> float:
@@ -133,7 +150,7 @@ def measure_verify_costs(
 
 
 def measure_costs(
-    target: torch.nn.Module,
+    target: torch.nn.Module | StaticTarget,
     input_ids: torch.Tensor,
     *,
     drafter_for_depth: Callable[[int], object] | None = None,
@@ -150,14 +167,16 @@ def measure_costs(
     top_k=8, budget=64))``); ``tokens_per_depth`` tokens are generated after ``input_ids`` and the mean drafting
     time per step is kept. The time per step outside both forwards is fitted as ``other_s + other_per_node_s * N``
     (least squares over the depths' mean tree sizes, both clamped at 0). Without a drafter only the verification
-    costs are measured.
+    costs are measured. For a :class:`specprim.hf.StaticTarget` the model is ``padded``: pass ``sizes`` from
+    :func:`padded_sizes`.
     """
     from specprim._loop import speculative_generate  # the loop imports this package for its records
     from specprim.acceptance import Greedy
 
+    padded = isinstance(target, StaticTarget)
     verify_sizes, verify_s = measure_verify_costs(target, input_ids, sizes, repeats)
     if drafter_for_depth is None:
-        return CostModel(verify_sizes, verify_s)
+        return CostModel(verify_sizes, verify_s, padded=padded)
     depths = tuple(depths)
     if depths != tuple(range(1, len(depths) + 1)):
         raise ValueError(f"depths must be 1, 2, ..., D; got {depths}")
@@ -173,7 +192,7 @@ def measure_costs(
         other_s.append(stats.other_s / stats.steps)
         nodes.append(sum(stats.tree_nodes) / stats.steps)
     base, per_node = _line_fit(nodes, other_s)
-    return CostModel(verify_sizes, verify_s, tuple(draft_s), base, per_node)
+    return CostModel(verify_sizes, verify_s, tuple(draft_s), base, per_node, padded=padded)
 
 
 def _line_fit(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float]:

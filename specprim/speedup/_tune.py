@@ -8,9 +8,10 @@ from collections.abc import Sequence
 import torch
 
 from specprim.acceptance import Greedy
+from specprim.hf import StaticTarget
 from specprim.presets import Method, with_tree
 from specprim.speedup._acceptance import RankAcceptance
-from specprim.speedup._costs import CostModel, measure_costs
+from specprim.speedup._costs import CostModel, measure_costs, padded_sizes
 from specprim.speedup._model import TreeChoice, best_tree
 from specprim.trees import DynamicTree
 
@@ -39,7 +40,7 @@ class TuneResult:
 
 
 def tune(
-    target: torch.nn.Module,
+    target: torch.nn.Module | StaticTarget,
     method: Method,
     prompts: Sequence[torch.Tensor],
     *,
@@ -54,6 +55,8 @@ def tune(
     Acceptance: greedy generations of ``max_new_tokens`` after each prompt (each (1, T)) with ``probe_tree``.
     Costs: :func:`measure_costs` on the first prompt, drafting with dynamic trees of the probe's width and every
     depth up to the probe's. The choice is :func:`best_tree` up to ``max_nodes`` nodes, that depth and that width.
+    ``target`` may be a :class:`specprim.hf.StaticTarget`: then every step runs through it and the cost model is
+    ``padded`` (a tree costs what its padded size costs), so the choice fits the padded sizes.
     Raises ``ValueError`` when the method's drafter takes no tree shape (e.g. prompt lookup) or no prompt is given.
     """
     if not prompts:
@@ -73,9 +76,13 @@ def tune(
         tree = DynamicTree(depth=depth, top_k=probe_tree.top_k, budget=probe_tree.budget)
         return with_tree(method, tree).drafter
 
+    if isinstance(target, StaticTarget):
+        sizes = list(padded_sizes(max_nodes))
+    else:
+        sizes = [s for s in (0, 1, 2, 4, 8, 16, 32, 64, 128) if s < max_nodes] + [max_nodes]
     costs = measure_costs(
         target, prompts[0], drafter_for_depth=drafter_for_depth, depths=range(1, probe_tree.depth + 1),
-        sizes=[s for s in (0, 1, 2, 4, 8, 16, 32, 64, 128) if s < max_nodes] + [max_nodes], repeats=repeats,
+        sizes=sizes, repeats=repeats,
     )
     choice = best_tree(acceptance, costs, max_nodes=max_nodes, max_depth=probe_tree.depth,
                        max_width=probe_tree.top_k)
