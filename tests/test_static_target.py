@@ -95,6 +95,9 @@ def test_the_cache_grows_mid_generation(monkeypatch, trained):
     assert torch.equal(out.sequences, hf_greedy(target, SHORT, 40))
     again = _decode(verifier, eagle_drafter(head, BRANCHING), PROMPT, 40)  # reuses the grown cache
     assert torch.equal(again.sequences, hf_greedy(target, PROMPT, 40))
+    reserved = StaticTarget(target, compile=False, min_cache_length=40)  # long enough from the start: never grows
+    reserved.start(SHORT)
+    assert reserved.cache_length == 48
 
 
 def test_sampling_consumes_randomness_exactly_as_the_dynamic_cache_verifier():

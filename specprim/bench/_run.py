@@ -21,6 +21,7 @@ from specprim.bench._report import heading
 from specprim.bench._results import BenchResults
 from specprim.bench._runner import SEED_STRIDE, measure
 from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
+from specprim.hf._static_target import QUERY_BUCKETS
 from specprim.speedup import CostModel, measure_verify_costs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -72,6 +73,15 @@ def _methods(names: Sequence[str], context: MethodContext,
         else:
             built[name] = method
     return built
+
+
+def _static_target(model: Model, tokenizer: Any, prompts: Sequence[Prompt], max_new_tokens: int) -> StaticTarget:
+    """One compiled :class:`StaticTarget` for the run, its cache long enough for every conversation (each user turn
+    rendered alone, an upper bound, plus ``max_new_tokens`` per answer), so that it does not grow, and recompile,
+    during the timed runs."""
+    longest = max(sum(conversation_ids(tokenizer, [turn], []).shape[1] + max_new_tokens for turn in p.turns)
+                  for p in prompts)
+    return StaticTarget(model, min_cache_length=longest + QUERY_BUCKETS[-1])
 
 
 def run(
@@ -175,7 +185,8 @@ def run(
                                               ("exit_layer", exit_layer), ("tree", tree)) if value is not None}
     context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
                             preset_options=options, target_name=target if isinstance(target, str) else None,
-                            verifier=StaticTarget(model) if static_verify else None)
+                            verifier=_static_target(model, tokenizer, prompt_list, max_new_tokens) if static_verify
+                            else None)
     method_map = _methods(methods, context, custom or {})
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)

@@ -57,7 +57,8 @@ class StaticTarget(ModelRunner):
     feature layers), about 40 s each for SmolLM2-135M on 2 CPU cores, reused across calls and prompts. The
     prefill always runs eagerly. A model with packed weights (:func:`specprim.models.pack_weights`) keeps them for
     the eager prefill, and the compiled forward lets freezing pack the weights its own way. Keep one
-    ``StaticTarget`` per model for a whole run.
+    ``StaticTarget`` per model for a whole run, and give it ``min_cache_length`` >= the longest prompt plus its
+    budget: a cache that grows mid-run changes the shapes, and every padded size compiles again.
 
     Guarantees: with ``compile=False`` it computes what :class:`HFTarget` computes (greedy outputs equal
     ``model.generate``'s in fp32, tested); compiled, it computes the same function up to floating-point rounding,
@@ -68,8 +69,11 @@ class StaticTarget(ModelRunner):
     ``TypeError`` (use :class:`HFTarget`).
     """
 
-    def __init__(self, model: PreTrainedModel, *, compile: bool = True) -> None:  # noqa: A002 - the option's name
+    def __init__(
+        self, model: PreTrainedModel, *, compile: bool = True, min_cache_length: int = 0  # noqa: A002 - option name
+    ) -> None:
         super().__init__(model)
+        self.min_cache_length = min_cache_length
         self.decoder = _llama_style_decoder(model)
         self.compiled = compile
         self.past_length = 0
@@ -91,7 +95,7 @@ class StaticTarget(ModelRunner):
         self._check_feature_layers(feature_layers)
         prefix = input_ids[:, :-1].to(self.device)  # (1, T - 1)
         length = prefix.shape[1]
-        self._reserve(length + QUERY_BUCKETS[0], keep=0)
+        self._reserve(max(length + QUERY_BUCKETS[0], self.min_cache_length), keep=0)
         self.past_length = 0
         self._write_from(0)
         if length == 0:  # a one-token prompt: nothing to prefill
