@@ -100,6 +100,19 @@ def test_the_cache_grows_mid_generation(monkeypatch, trained):
     assert reserved.cache_length == 48
 
 
+def test_compile_smaller_sizes_verifies_every_smaller_padded_size_and_keeps_the_cache(trained):
+    target, head = trained
+    verifier = StaticTarget(target, compile=False)
+    out = _decode(verifier, eagle_drafter(head, BRANCHING), SHORT, 12)
+    seen = {size for size, _ in verifier._shapes}
+    past, keys = verifier.past_length, verifier.cache.layers[0].keys[:, :, : verifier.past_length].clone()
+    verifier.compile_smaller_sizes()
+    layers = tuple(eagle_drafter(head, BRANCHING).feature_layers)
+    assert {(size, layers) for size in (2, 4, 8, 16) if size <= max(seen)} <= verifier._shapes
+    assert verifier.past_length == past and torch.equal(verifier.cache.layers[0].keys[:, :, :past], keys)
+    assert torch.equal(_decode(verifier, eagle_drafter(head, BRANCHING), SHORT, 12).sequences, out.sequences)
+
+
 def test_sampling_consumes_randomness_exactly_as_the_dynamic_cache_verifier():
     target = tiny_causal_lm("llama")
     outputs = []

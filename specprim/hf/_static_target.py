@@ -74,6 +74,7 @@ class StaticTarget(ModelRunner):
     ) -> None:
         super().__init__(model)
         self.min_cache_length = min_cache_length
+        self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (padded size, feature layers) verified so far
         self.decoder = _llama_style_decoder(model)
         self.compiled = compile
         self.past_length = 0
@@ -141,6 +142,7 @@ class StaticTarget(ModelRunner):
         pad_rows = torch.arange(real, padded)
         allowed[pad_rows, past + pad_rows] = True  # padding sees itself only, so no row is fully masked
         self._write_from(past)
+        self._shapes.add((padded, tuple(feature_layers)))
         with self._compiling():
             logits, hidden = self._forward_layers(
                 ids, positions.view(1, -1).to(self.device), self._mask(allowed), feature_layers
@@ -164,6 +166,21 @@ class StaticTarget(ModelRunner):
                 layer.keys[:, :, tree_start : tree_start + accepted] = layer.keys[:, :, source]
                 layer.values[:, :, tree_start : tree_start + accepted] = layer.values[:, :, source]
         self.past_length = tree_start + accepted
+
+    @torch.no_grad()
+    def compile_smaller_sizes(self) -> None:
+        """Verify a dummy tree of every padded size below the largest one verified so far (for each set of feature
+        layers seen), so that a run that later meets a smaller tree (a tree truncated near the end of the budget)
+        does not compile then. Call it after a warm-up generation; the cache's contents and length are kept."""
+        assert self.cache is not None, "call start() first"
+        past = self.past_length
+        root = torch.zeros(1, dtype=torch.long, device=self.device)
+        for largest, layers in sorted(self._shapes):
+            for size in (s for s in QUERY_BUCKETS if s < largest and (s, layers) not in self._shapes):
+                chain = DraftTree(tokens=torch.zeros(1, size - 1, dtype=torch.long), parents=torch.arange(size - 1) - 1)
+                self.verify(root, chain, layers)
+                self.past_length = past  # nothing was committed
+        self._write_from(past)
 
     @property
     def cache_length(self) -> int:
