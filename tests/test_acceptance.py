@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from specprim._types import SAMPLING_SCHEMES, DraftTree, Verdict
 from specprim.acceptance import AcceptanceRule, Greedy, SpeculativeSampling, TypicalAcceptance
+from specprim.acceptance._base import TreeTables
 from specprim.testing import check_verdict, draw_tree, trees
 
 RULES = [Greedy(), SpeculativeSampling(), TypicalAcceptance()]
@@ -132,6 +133,26 @@ def test_sampling_rules_reduce_to_greedy_on_one_hot_targets(
         got = rule(one_hot, distinct, generator=torch.Generator().manual_seed(seed))
         assert torch.equal(got.path, expected.path), type(rule).__name__
         assert torch.equal(got.next_token, expected.next_token), type(rule).__name__
+
+
+@settings(max_examples=80, deadline=None)
+@given(problem=problems(), seed=st.integers(min_value=0, max_value=1000), greedy=st.booleans())
+def test_speculative_deterministic_walk_equals_the_general_walk(
+    problem: tuple[torch.Tensor, DraftTree], seed: int, greedy: bool
+) -> None:
+    """Deterministic drafts take a scalar walk; it returns the general walk's verdicts from the same uniforms
+    (repeated and sparse tokens included, one-hot and spread targets)."""
+    p, tree = problem
+    if greedy:
+        p = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).float()
+    tree = dataclasses.replace(tree, q=None, sampling="deterministic")
+    rule = SpeculativeSampling()
+    tables = TreeTables.of(tree, p.device)
+    fast = rule._deterministic_walk(p, tree, tables, torch.Generator().manual_seed(seed))
+    general = rule._walk(p, tree, tables, torch.Generator().manual_seed(seed))
+    assert torch.equal(fast.path, general.path) and torch.equal(fast.num_accepted, general.num_accepted)
+    assert torch.equal(fast.next_token, general.next_token)
+    assert torch.equal(rule(p, tree, generator=torch.Generator().manual_seed(seed)).path, fast.path)
 
 
 def test_speculative_skips_zero_probability_iid_drafts() -> None:

@@ -74,6 +74,14 @@ class NoRenormalisation(SpeculativeSampling):
         return super()._sibling_proposal(sampling, q_row, excluded, token, p_row)
 
 
+class KeepsRejectedTokens(SpeculativeSampling):
+    """(d) Deterministic drafts (the scalar walk): draw the next token from the end node's target without removing
+    the siblings rejected there."""
+
+    def _without_rejected(self, p_row: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+        return p_row
+
+
 def check(rule: Rule, shape: str, sampling: str, **kwargs: object) -> LosslessReport:
     report = assert_lossless(rule, parents=SHAPES[shape], sampling=sampling, trials=100_000, seed=7, **kwargs)
     print(f"{type(rule).__name__} {shape} {sampling}: {report}")
@@ -136,6 +144,11 @@ def test_deterministic_verification_of_iid_drafts_is_lossless_but_slower() -> No
 )
 def test_rejects_missing_residual(shape: str, sampling: str) -> None:
     rejects(NoResidual(), shape, sampling)
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_rejects_deterministic_walk_that_keeps_rejected_tokens(shape: str) -> None:
+    rejects(KeepsRejectedTokens(), shape, "deterministic")
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))

@@ -49,6 +49,14 @@ class SpeculativeSampling:
     def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
         validate_inputs(p, tree)
         tables = TreeTables.of(tree, p.device)
+        if (tree.sampling == "deterministic" or tree.q is None) and not self._overrides_a_step():
+            return self._deterministic_walk(p, tree, tables, generator)
+        return self._walk(p, tree, tables, generator)
+
+    def _walk(
+        self, p: torch.Tensor, tree: DraftTree, tables: TreeTables, generator: torch.Generator | None
+    ) -> Verdict:
+        """The rule as stated, over whole (B, V) rows: every sampling scheme, and every overridden step."""
         batch, _, vocab = p.shape
         q = None if tree.sampling == "deterministic" or tree.q is None else tree.q.to(p.dtype)
         node = torch.full((batch,), -1, dtype=torch.long, device=p.device)  # (B,) current node
@@ -62,6 +70,7 @@ class SpeculativeSampling:
             excluded = torch.zeros(batch, vocab, dtype=torch.bool, device=p.device)  # earlier siblings
             kids = tables.children[node + 1]  # (B, K)
             moved = torch.zeros_like(walking)  # (B,) accepted a child at this level
+            uniforms = torch.rand(batch, kids.shape[1], generator=generator, device=p.device, dtype=p.dtype)
             for rank in range(kids.shape[1]):
                 child = kids[:, rank]  # (B,) -1 where the node has fewer children
                 trying = walking & ~moved & (child >= 0)
@@ -69,8 +78,7 @@ class SpeculativeSampling:
                 proposal = self._sibling_proposal(tree.sampling, q_row, excluded, token, p_row)  # (B, V)
                 q_x = proposal.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
                 r_x = target.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
-                uniform = torch.rand(batch, generator=generator, device=p.device, dtype=p.dtype)
-                accept = trying & (uniform < self._acceptance_probability(r_x, q_x))
+                accept = trying & (uniforms[:, rank] < self._acceptance_probability(r_x, q_x))
                 reject = trying & ~accept & (q_x > 0)  # zero-q siblings are skipped, r unchanged
                 after = self._after_rejection(target, proposal, p_row)  # (B, V)
                 target = torch.where(reject.unsqueeze(1), after, target)
@@ -81,6 +89,61 @@ class SpeculativeSampling:
             walking = moved
         next_token = sample(target, generator)  # (B,)
         return verdict_at(node, next_token, tables)
+
+    def _deterministic_walk(
+        self, p: torch.Tensor, tree: DraftTree, tables: TreeTables, generator: torch.Generator | None
+    ) -> Verdict:
+        """:meth:`_walk` for deterministic drafts, all siblings of a level at once; same uniforms, same verdicts.
+
+        With ``q_k = one_hot(x_k)`` the target after rejecting siblings ``x_1 .. x_{k-1}`` of node ``c`` is
+        ``p_c`` with those tokens zeroed and renormalised, so ``r(x_k) = p_c(x_k) / (1 - removed_k)`` where
+        ``removed_k`` is the ``p_c`` mass of the distinct earlier siblings (a repeated token has ``r = 0``). The
+        first sibling with ``uniform_k < r(x_k)`` is accepted, as in the sequential walk, so a level costs a few
+        (B, K) operations instead of K rounds over (B, V) rows. Only the final sample reads a whole row: ``p`` at
+        the path's end without the tokens rejected there.
+        """
+        batch = p.shape[0]
+        width = tables.children.shape[1]  # K
+        node = torch.full((batch,), -1, dtype=torch.long, device=p.device)  # (B,) current node
+        p_row = p[:, 0]  # (B, V) the current node's target
+        rejected = tree.tokens.new_full((batch, width), -1)  # (B, K) tokens rejected at the current node, -1 = none
+        earlier = torch.ones(width, width, dtype=torch.bool, device=p.device).tril(-1)  # (K, K) [k, j]: j < k
+        walking = torch.full((batch,), width > 0, device=p.device)  # (B,) rows still descending (none: no nodes)
+        for _level in range(tree.depth + 1):
+            if not bool(walking.any()):
+                break
+            kids = tables.children[node + 1]  # (B, K) -1 padded
+            uniforms = torch.rand(batch, width, generator=generator, device=p.device, dtype=p.dtype)
+            tried = walking.unsqueeze(1) & (kids >= 0)  # (B, K)
+            token = tree.tokens.gather(1, kids.clamp_min(0))  # (B, K)
+            same = token.unsqueeze(2) == token.unsqueeze(1)  # (B, K, K) [k, j]: x_k == x_j
+            distinct = tried & ~(same & earlier & tried.unsqueeze(1)).any(dim=2)  # (B, K) first of its token
+            p_x = p_row.gather(1, token) * distinct  # (B, K) 0 for repeats
+            removed = p_x.cumsum(dim=1) - p_x  # (B, K) mass of the distinct earlier siblings
+            r_x = p_x / (1.0 - removed).clamp_min(torch.finfo(p.dtype).tiny)
+            hits = distinct & (uniforms < r_x.clamp(max=1.0))  # (B, K)
+            moved = hits.any(dim=1)  # (B,)
+            child = kids.gather(1, hits.to(torch.uint8).argmax(dim=1, keepdim=True)).squeeze(1)  # (B,) first hit
+            rejected = torch.where(walking.unsqueeze(1), torch.where(distinct, token, -1), rejected)
+            rejected = torch.where(moved.unsqueeze(1), -1, rejected)
+            p_row = torch.where(moved.unsqueeze(1), rows_at(p, torch.where(moved, child, -1)), p_row)
+            node = torch.where(moved, child, node)
+            walking = moved
+        next_token = sample(self._without_rejected(p_row, rejected), generator)  # (B,)
+        return verdict_at(node, next_token, tables)
+
+    def _without_rejected(self, p_row: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+        """(B, V) the end node's target, (B, K) tokens rejected there (-1: none) -> (B, V) what the next token is
+        drawn from: ``p_row`` with the rejected tokens zeroed (unnormalised; ``p_row`` itself if nothing is left)."""
+        hits = torch.zeros(p_row.shape, dtype=torch.int32, device=p_row.device)  # (B, V)
+        hits.scatter_add_(1, rejected.clamp_min(0), (rejected >= 0).to(torch.int32))
+        target = p_row.masked_fill(hits > 0, 0.0)
+        return torch.where(target.sum(dim=1, keepdim=True) > 0, target, p_row)
+
+    def _overrides_a_step(self) -> bool:
+        """Whether a subclass replaced one of the rule's steps; it then always takes the general walk."""
+        steps = ("_sibling_proposal", "_acceptance_probability", "_after_rejection")
+        return any(getattr(type(self), name) is not getattr(SpeculativeSampling, name) for name in steps)
 
     def _sibling_proposal(
         self,
