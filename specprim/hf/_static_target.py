@@ -210,8 +210,8 @@ class StaticTarget(ModelRunner):
     def _compiling(self) -> Iterator[None]:
         """The settings the compiled forward is traced and run under: inductor freezing, a C++ wrapper around the
         generated kernels (no Python between them: ~1-2 ms less per forward here, twice the compile time), room for
-        one compiled graph per shape, and packed layers (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``,
-        which freezing then pre-packs itself. Nothing for the eager forward."""
+        one compiled graph per shape, and packed layers (:func:`specprim.models.pack_weights`) traced as plain
+        ``F.linear``, which freezing then pre-packs itself. Nothing for the eager forward."""
         if not self.compiled:
             yield
             return
