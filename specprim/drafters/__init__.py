@@ -9,6 +9,7 @@ from specprim.drafters._base import Drafter
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
 from specprim.drafters._eagle_export import export_eagle3, import_eagle
 from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
+from specprim.drafters._eagle_static import StaticEagleDraftModel, static_drafting
 from specprim.drafters._early_exit import EarlyExit
 from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHeads, default_medusa_tree
 from specprim.drafters._model import ModelDrafter
@@ -33,11 +34,13 @@ __all__ = [
     "MedusaHeads",
     "ModelDrafter",
     "PromptLookup",
+    "StaticEagleDraftModel",
     "TargetFeatures",
     "TreeDrafter",
     "UnionDrafter",
     "default_feature_layers",
     "default_medusa_tree",
+    "static_drafting",
     "eagle_drafter",
     "export_eagle3",
     "import_eagle",

@@ -58,11 +58,7 @@ class EagleDraftModel:
         features = self._check_request(request)
         if request.step == 0 or self._cache is None:
             self._cache, self._num_pairs = self.head.new_cache(), 0
-        if features.start != self._num_pairs:
-            raise ValueError(
-                f"request.features starts at position {features.start} but the head holds {self._num_pairs} "
-                "committed positions: every request must carry the features committed since the previous one"
-            )
+        self._check_start(features)
         self._cache.crop(self._num_pairs - self._cache.get_seq_length())  # drop scratch nodes (<= 0)
         ids = request.input_ids.to(self._device)  # (B, T + 1), the root last
         count = features.token_ids.shape[1]
@@ -83,6 +79,25 @@ class EagleDraftModel:
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Add ``M`` scratch nodes (parents (M,), tokens (B, M)) in one forward; return (B, M, V) logits."""
         assert self._cache is not None, "call begin() first"
+        before = len(self._scratch_parents)
+        parent_hidden, positions = self._add_scratch(parents, tokens)
+        predicted = self.head.predict(
+            tokens.to(self._device), parent_hidden, position_ids=positions,
+            attention_mask=self._scratch_mask(before), cache=self._cache,
+        )  # (B, M, d)
+        self._scratch_hidden = torch.cat([self._scratch_hidden, predicted], dim=1)
+        return self.head.logits(predicted)  # (B, M, V)
+
+    def _check_start(self, features: TargetFeatures) -> None:
+        if features.start != self._num_pairs:
+            raise ValueError(
+                f"request.features starts at position {features.start} but the head holds {self._num_pairs} "
+                "committed positions: every request must carry the features committed since the previous one"
+            )
+
+    def _add_scratch(self, parents: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record ``M`` new scratch nodes (parents (M,), tokens (B, M)); return their inputs: the (B, M, d)
+        predicted feature of each parent and the (M,) position ids ``root pair position + depth``."""
         new_parents = [int(p) for p in parents.tolist()]
         before = len(self._scratch_parents)
         if tokens.dim() != 2 or tokens.shape != (self._last.shape[0], len(new_parents)):
@@ -98,13 +113,7 @@ class EagleDraftModel:
         index = torch.tensor(new_parents, device=self._device) + 1  # (M,) into [last pair, scratch nodes]
         parent_hidden = torch.cat([self._last, self._scratch_hidden], dim=1)[:, index]  # (B, M, d)
         depths = torch.tensor(self._scratch_depths[before:], device=self._device)
-        positions = self._context - 1 + depths  # (M,) root pair position + depth
-        predicted = self.head.predict(
-            tokens.to(self._device), parent_hidden, position_ids=positions,
-            attention_mask=self._scratch_mask(before), cache=self._cache,
-        )  # (B, M, d)
-        self._scratch_hidden = torch.cat([self._scratch_hidden, predicted], dim=1)
-        return self.head.logits(predicted)  # (B, M, V)
+        return parent_hidden, self._context - 1 + depths
 
     @property
     def _device(self) -> torch.device:

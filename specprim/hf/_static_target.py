@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch._dynamo import config as dynamo_config
 from torch._inductor import config as inductor_config
-from transformers import PreTrainedModel, StaticCache
+from transformers import PretrainedConfig, PreTrainedModel, StaticCache
 from transformers.cache_utils import StaticLayer
 from transformers.utils import output_capturing
 
@@ -206,63 +206,68 @@ class StaticTarget(ModelRunner):
         logits = self.model.get_output_embeddings()(states[-1])  # (1, Q, V)
         return logits, tuple(states[i] for i in feature_layers)
 
-    @contextlib.contextmanager
-    def _compiling(self) -> Iterator[None]:
-        """The settings the compiled forward is traced and run under: inductor freezing, a C++ wrapper around the
-        generated kernels (no Python between them: ~1-2 ms less per forward here, twice the compile time), room for
-        one compiled graph per shape, and packed layers (:func:`specprim.models.pack_weights`) traced as plain
-        ``F.linear``, which freezing then pre-packs itself. Nothing for the eager forward."""
-        if not self.compiled:
-            yield
-            return
-        with (inductor_config.patch(freezing=True, cpp_wrapper=True),
-              dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT),
-              stock_kernels(), _output_capturing_off()):
-            yield
+    def _compiling(self) -> contextlib.AbstractContextManager[None]:
+        return compiled_settings() if self.compiled else contextlib.nullcontext()
 
     def _write_from(self, position: int) -> None:
-        """Make the next forward write its KV entries from cache index ``position`` on (``StaticLayer.update``
-        writes at each layer's ``cumulative_length``)."""
         assert self.cache is not None
-        for layer in self.cache.layers:
-            layer.cumulative_length.fill_(position)
+        write_from(self.cache, position)
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
         return additive_mask(allowed, dtype=self.dtype, device=self.device)  # (1, 1, Q, L)
 
     def _reserve(self, length: int, keep: int) -> None:
         """Make the cache hold ``length`` positions, keeping the first ``keep`` entries when it must grow."""
-        if length <= self.cache_length:
-            return
-        old = self.cache
-        cache = StaticCache(config=self.model.config, max_cache_len=-(-length // CACHE_ROUNDING) * CACHE_ROUNDING)
-        for layer in cache.layers:
-            if type(layer) is not StaticLayer:
-                raise TypeError(f"{type(self.model).__name__} uses cache layer {type(layer).__name__}; StaticTarget "
-                                "supports full attention in every layer only (use HFTarget)")
-        cache.early_initialization(
-            batch_size=1, num_heads=self._num_kv_heads(), head_dim=self._head_dim(), dtype=self.dtype,
-            device=self.device,
-        )
-        self.cache = cache
-        if old is not None and keep:
-            for new_layer, old_layer in zip(self.cache.layers, old.layers, strict=True):
-                new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
-                new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
-
-    def _num_kv_heads(self) -> int:
-        config = self.model.config.get_text_config()
-        return int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
-
-    def _head_dim(self) -> int:
-        config = self.model.config.get_text_config()
-        return int(getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        if length > self.cache_length:
+            self.cache = grown_cache(self.model.config, self.cache, length, keep, dtype=self.dtype, device=self.device)
 
     def _check_feature_layers(self, feature_layers: tuple[int, ...]) -> None:
         count = len(self.decoder.layers) + 1
         for index in feature_layers:
             if not 0 <= index < count:
                 raise ValueError(f"feature layer {index} is outside output_hidden_states' range [0, {count})")
+
+
+@contextlib.contextmanager
+def compiled_settings() -> Iterator[None]:
+    """The settings static-shape forwards are compiled and run under: inductor freezing (pre-packs the weights for
+    oneDNN on CPU), a C++ wrapper around the generated kernels (no Python between them: ~1-2 ms less per SmolLM2
+    forward here, twice the compile time), room for one compiled graph per shape, packed layers
+    (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``, which freezing then pre-packs itself, and
+    transformers' output-capturing hooks out of the way."""
+    with (inductor_config.patch(freezing=True, cpp_wrapper=True),
+          dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
+        yield
+
+
+def write_from(cache: StaticCache, position: int) -> None:
+    """Make the next forward write its KV entries from cache index ``position`` on (``StaticLayer.update`` writes at
+    each layer's ``cumulative_length``)."""
+    for layer in cache.layers:
+        layer.cumulative_length.fill_(position)
+
+
+def grown_cache(
+    config: PretrainedConfig, old: StaticCache | None, length: int, keep: int, *, dtype: torch.dtype,
+    device: torch.device,
+) -> StaticCache:
+    """A new :class:`transformers.StaticCache` for ``config`` holding ``length`` positions rounded up to
+    :data:`CACHE_ROUNDING`, with the first ``keep`` entries of ``old`` copied in. ``TypeError`` unless every layer
+    is full attention."""
+    cache = StaticCache(config=config, max_cache_len=-(-length // CACHE_ROUNDING) * CACHE_ROUNDING)
+    for layer in cache.layers:
+        if type(layer) is not StaticLayer:
+            raise TypeError(f"{config.model_type} uses cache layer {type(layer).__name__}; static shapes support full "
+                            "attention in every layer only (use HFTarget)")
+    text = config.get_text_config()
+    num_kv_heads = int(getattr(text, "num_key_value_heads", None) or text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads)
+    cache.early_initialization(batch_size=1, num_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, device=device)
+    if old is not None and keep:
+        for new_layer, old_layer in zip(cache.layers, old.layers, strict=True):
+            new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
+            new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
+    return cache
 
 
 @contextlib.contextmanager

@@ -1,0 +1,171 @@
+"""An EAGLE head drafting with static shapes: a preallocated KV cache and node batches padded to a few sizes, so one
+``torch.compile``d head step (``fullgraph``, no dynamic shapes) serves every draft of a run."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from transformers import StaticCache
+
+from specprim._types import DraftRequest
+from specprim.drafters._base import Drafter
+from specprim.drafters._eagle_draft import EagleDraftModel
+from specprim.drafters._eagle_head import EagleHead
+from specprim.drafters._tree_drafter import TreeDrafter
+from specprim.drafters._union import UnionDrafter
+from specprim.hf._static_target import QUERY_BUCKETS, compiled_settings, grown_cache, query_bucket, write_from
+from specprim.masks import additive_mask, tree_extension_mask
+
+__all__ = ["StaticEagleDraftModel", "static_drafting"]
+
+
+class StaticEagleDraftModel(EagleDraftModel):
+    """:class:`EagleDraftModel` with a static KV cache, its head step optionally ``torch.compile``d.
+
+    Same interface, state and results as :class:`EagleDraftModel` (it is one), for batch size 1. Differences:
+
+    * the head's KV cache is a :class:`transformers.StaticCache` whose length is a multiple of 512, at least
+      ``min_cache_length`` (reallocated, larger, when a sequence needs it: give it the longest prompt plus its
+      budget so that nothing recompiles mid-run);
+    * every head forward after the first request of a generation (the newly committed pairs in ``begin``, a batch
+      of nodes in ``extend``) is padded to :func:`specprim.hf.query_bucket` rows; padding rows see only themselves
+      and write cache slots no real row reads before they are overwritten;
+    * the first request (the prompt's pairs) runs eagerly, unpadded.
+
+    With ``compile=True`` the step (head layers, final norm, draft LM head, scatter to the target vocabulary) is
+    compiled with ``fullgraph=True`` and static shapes under :func:`specprim.hf.compiled_settings`: one compilation
+    per (padded size, cache length). Guarantees: with ``compile=False`` the logits equal :class:`EagleDraftModel`'s
+    (tested to 1e-5 in fp32); compiled, up to floating-point rounding. Either way the drafter stays lossless, as
+    every draft is verified.
+    """
+
+    def __init__(self, head: EagleHead, *, compile: bool = True, min_cache_length: int = 0) -> None:  # noqa: A002
+        super().__init__(head)
+        self.compiled = compile
+        self.min_cache_length = min_cache_length
+        self.cache: StaticCache | None = None
+        self._last_logits = torch.empty(0)  # (1, V) logits of the root's children, from the last context pair
+        self._step = torch.compile(self._head_step, dynamic=False, fullgraph=True) if compile else self._head_step
+
+    def __repr__(self) -> str:
+        return f"StaticEagleDraftModel(version={self.head.config.version}, compiled={self.compiled})"
+
+    @torch.no_grad()
+    def begin(self, request: DraftRequest) -> torch.Tensor:
+        """Commit the new pairs of ``request.features``; return (1, V) logits for the root's children."""
+        features = self._check_request(request)
+        ids = request.input_ids.to(self._device)  # (1, T + 1), the root last
+        if ids.shape[0] != 1:
+            raise ValueError(f"StaticEagleDraftModel drafts for one sequence at a time, got a batch of {ids.shape[0]}")
+        if request.step == 0 or self.cache is None:
+            self._num_pairs = 0
+            self._reserve(max(ids.shape[1] + request.max_depth + QUERY_BUCKETS[-1], self.min_cache_length), keep=0)
+        self._check_start(features)
+        start, count = features.start, features.token_ids.shape[1]
+        eager = request.step == 0
+        if count:
+            tokens = ids[:, start + 1 : start + count + 1]  # (1, n) token after each feature
+            hidden = self.head.fuse([h.to(self._device) for h in features.hidden_states])  # (1, n, d)
+            allowed = torch.ones(count, start + count, dtype=torch.bool).tril(start)  # (n, start + n) causal
+            predicted, logits = self._run(tokens, hidden, torch.arange(start, start + count), allowed, start, eager)
+            self._last, self._last_logits = predicted[:, -1:], logits[:, -1]
+            self._num_pairs += count
+            self._context = self._num_pairs
+        elif self._num_pairs == 0:  # one-token prompt: draft from a zero feature at position 0
+            zero = torch.zeros(1, 1, self.head.config.hidden_size, device=self._device)
+            allowed = torch.ones(1, 1, dtype=torch.bool)
+            predicted, logits = self._run(ids[:, -1:], zero, torch.zeros(1, dtype=torch.long), allowed, 0, eager)
+            self._last, self._last_logits = predicted, logits[:, -1]
+            self._context = 1
+        self._scratch_parents, self._scratch_depths = [], []
+        self._scratch_hidden = self._last[:, :0]  # (1, 0, d)
+        return self._last_logits
+
+    @torch.no_grad()
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Add ``M`` scratch nodes (parents (M,), tokens (1, M)) in one padded forward; return (1, M, V) logits."""
+        assert self.cache is not None, "call begin() first"
+        before = len(self._scratch_parents)
+        parent_hidden, positions = self._add_scratch(parents, tokens)
+        allowed = tree_extension_mask(self._scratch_parents, len(parents), self._context)  # (M, context + S)
+        predicted, logits = self._run(
+            tokens.to(self._device), parent_hidden, positions, allowed, self._context + before, eager=False
+        )
+        self._scratch_hidden = torch.cat([self._scratch_hidden, predicted], dim=1)
+        return logits
+
+    @torch.no_grad()
+    def compile_sizes(self, sizes: tuple[int, ...] = QUERY_BUCKETS[:4]) -> None:
+        """Run a dummy padded forward of each size in ``sizes`` (compiling it) over a cache of
+        ``min_cache_length`` positions, so that a timed generation does not compile. Call it between generations:
+        the cache's contents are lost, and the next request must be a generation's first (``step == 0``)."""
+        self._reserve(max(self.min_cache_length, max(sizes)), keep=0)
+        width = self.head.config.hidden_size
+        for size in sizes:
+            ids = torch.zeros(1, size, dtype=torch.long, device=self._device)
+            self._run(ids, torch.zeros(1, size, width, device=self._device), torch.arange(size),
+                      torch.ones(size, size, dtype=torch.bool).tril(), 0, eager=False)
+        self._num_pairs = -1  # no committed pairs survive: only a step-0 request is accepted next
+
+    def _run(
+        self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
+        write_at: int, eager: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One head forward over ``n`` rows written at cache index ``write_at`` on: tokens (1, n), input features
+        (1, n, d), positions (n,), ``allowed`` (n, m) bool over cache slots ``0 .. m - 1``. Pads to
+        :func:`query_bucket` ``(n)`` rows unless ``eager``; returns predicted features (1, n, d) and float32 logits
+        over the target vocabulary (1, n, V)."""
+        assert self.cache is not None
+        count = tokens.shape[1]
+        padded = count if eager else query_bucket(count)
+        self._reserve(write_at + padded, keep=write_at)
+        length = self.cache.layers[0].max_cache_len
+        ids = torch.zeros(1, padded, dtype=torch.long, device=self._device)  # (1, Q)
+        ids[:, :count] = tokens
+        inputs = hidden.new_zeros(1, padded, hidden.shape[-1])  # (1, Q, d)
+        inputs[:, :count] = hidden
+        rows = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,) padding at the first row's position
+        rows[:count] = positions.cpu()
+        full = torch.zeros(padded, length, dtype=torch.bool)  # (Q, L)
+        full[:count, : allowed.shape[1]] = allowed
+        pad = torch.arange(count, padded)
+        full[pad, write_at + pad] = True  # padding sees itself only, so no row is fully masked
+        mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, L)
+        write_from(self.cache, write_at)
+        step = self._head_step if eager else self._step
+        with compiled_settings() if self.compiled and not eager else contextlib.nullcontext():
+            predicted, logits = step(ids, inputs, rows.view(1, -1).to(self._device), mask)
+        return predicted[:, :count], logits[:, :count]
+
+    def _head_step(
+        self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """ids (1, Q), input features (1, Q, d), positions (1, Q), additive mask (1, 1, Q, L) -> predicted features
+        (1, Q, d) and float32 target-vocabulary logits (1, Q, V); writes the Q new KV entries into the cache."""
+        predicted = self.head.predict(ids, hidden, position_ids=positions, attention_mask=mask, cache=self.cache)
+        return predicted, self.head.logits(predicted)
+
+    def _reserve(self, length: int, keep: int) -> None:
+        if self.cache is None or length > self.cache.layers[0].max_cache_len:
+            weight = self.head.fc.weight
+            self.cache = grown_cache(self.head.layer_config, self.cache, length, keep, dtype=weight.dtype,
+                                     device=weight.device)
+
+
+def static_drafting(drafter: Drafter, *, compile: bool = True, min_cache_length: int = 0) -> Drafter:  # noqa: A002
+    """``drafter`` with every EAGLE part drafting through a :class:`StaticEagleDraftModel` (a ``TreeDrafter`` over an
+    :class:`EagleDraftModel`, alone or inside a :class:`UnionDrafter`); other drafters are returned as they are.
+
+    With ``compile=True`` the new models compile their padded sizes up to 16 here (:meth:`compile_sizes`), so give
+    ``min_cache_length`` >= the longest prompt plus its budget plus 64. The heads are shared, not copied.
+    """
+    if isinstance(drafter, UnionDrafter):
+        return UnionDrafter(*(static_drafting(part, compile=compile, min_cache_length=min_cache_length)
+                              for part in drafter.drafters))
+    if isinstance(drafter, TreeDrafter) and type(drafter.model) is EagleDraftModel:
+        model = StaticEagleDraftModel(drafter.model.head, compile=compile, min_cache_length=min_cache_length)
+        if compile:
+            model.compile_sizes()
+        return TreeDrafter(model, drafter.tree)
+    return drafter
