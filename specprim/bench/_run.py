@@ -140,7 +140,7 @@ def run(
             ``warmup_tokens`` until the warm-up meets every kind of forward the timed runs make.
         static_verify: every specprim method verifies through one shared :class:`specprim.hf.StaticTarget` (static
             KV cache, trees padded to a few sizes, ``torch.compile``d with static shapes; compiles in the warm-up,
-            about 40 s per tree-size bucket on 2 cores); the Hugging Face modes keep ``model.generate``.
+            about 75 s per tree-size bucket on 2 cores); the Hugging Face modes keep ``model.generate``.
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
         draft_quantize: like ``quantize``, for the draft model.
         num_draft: the preset's draft length.

@@ -34,10 +34,11 @@ class StaticEagleDraftModel(EagleDraftModel):
     * the first request (the prompt's pairs) runs eagerly, unpadded.
 
     With ``compile=True`` the step (head layers, final norm, draft LM head, scatter to the target vocabulary) is
-    compiled with ``fullgraph=True`` and static shapes under :func:`specprim.hf.compiled_settings`: one compilation
-    per (padded size, cache length). Guarantees: with ``compile=False`` the logits equal :class:`EagleDraftModel`'s
-    (tested to 1e-5 in fp32); compiled, up to floating-point rounding. Either way the drafter stays lossless, as
-    every draft is verified.
+    compiled with ``fullgraph=True`` and static shapes under the settings :class:`specprim.hf.StaticTarget` uses:
+    one compilation per (padded size, cache length). Guarantees: with ``compile=False`` the logits equal
+    :class:`EagleDraftModel`'s (tested to 1e-5 in fp32); compiled, up to floating-point rounding. Either way the
+    drafter stays lossless, as every draft is verified. On a 2-core CPU it drafts no faster than
+    :class:`EagleDraftModel` for the shipped SmolLM2 head (see docs/generate.md).
     """
 
     def __init__(self, head: EagleHead, *, compile: bool = True, min_cache_length: int = 0) -> None:  # noqa: A002

@@ -54,7 +54,7 @@ class StaticTarget(ModelRunner):
 
     With ``compile=True`` that loop is ``torch.compile``d with ``fullgraph=True`` and static shapes (inductor
     freezing on, which pre-packs the weights for oneDNN on CPU): one compilation per (query bucket, cache length,
-    feature layers), about 40 s each for SmolLM2-135M on 2 CPU cores, reused across calls and prompts. The
+    feature layers), about 75 s each for SmolLM2-135M on 2 CPU cores, reused across calls and prompts. The
     prefill always runs eagerly. A model with packed weights (:func:`specprim.models.pack_weights`) keeps them for
     the eager prefill, and the compiled forward lets freezing pack the weights its own way. Keep one
     ``StaticTarget`` per model for a whole run, and give it ``min_cache_length`` >= the longest prompt plus its
