@@ -10,8 +10,8 @@ from test_eagle import PROMPT, features_of, hf_greedy, make_head, request, train
 
 from specprim import speculative_generate
 from specprim.acceptance import Greedy
-from specprim.drafters import StaticEagleDraftModel, TreeDrafter
-from specprim.drafters._eagle_draft import EagleDraftModel
+from specprim.drafters import PromptLookup, StaticEagleDraftModel, TreeDrafter, UnionDrafter, static_drafting
+from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
 from specprim.hf import StaticTarget, _static_target
 from specprim.trees import Chain, DynamicTree
 
@@ -113,3 +113,29 @@ def test_batches_raise(trained):
     ids = SHORT.repeat(2, 1)
     with pytest.raises(ValueError, match="one sequence"):
         StaticEagleDraftModel(head, compile=False).begin(request(ids, features_of(target, head, ids), 0, 0))
+
+
+def test_static_drafting_swaps_every_eagle_part_and_keeps_the_rest(trained):
+    target, head = trained
+    union = UnionDrafter(eagle_drafter(head, BRANCHING), PromptLookup())
+    swapped = static_drafting(union, compile=False, min_cache_length=64)
+    assert isinstance(swapped, UnionDrafter)
+    eagle_part, lookup = swapped.drafters
+    assert type(eagle_part.model) is StaticEagleDraftModel and eagle_part.model.head is head
+    assert eagle_part.tree is BRANCHING and lookup is union.drafters[1]
+    plain = PromptLookup()
+    assert static_drafting(plain) is plain
+    out = speculative_generate(target, SHORT, drafter=swapped, acceptance=Greedy(), max_new_tokens=32)
+    assert torch.equal(out.sequences, hf_greedy(target, SHORT, 32))
+
+
+def test_compile_sizes_leaves_a_model_that_only_starts_a_new_generation(trained):
+    target, head = trained
+    model = StaticEagleDraftModel(head, compile=False, min_cache_length=64)
+    model.compile_sizes((2, 4))
+    assert model.cache.layers[0].max_cache_len >= 64
+    features = features_of(target, head, SHORT)
+    with pytest.raises(ValueError, match="starts at position"):
+        model.begin(request(SHORT, features, 1, 1))  # a mid-generation request after compile_sizes
+    reference = EagleDraftModel(head).begin(request(SHORT, features, 0, 0))
+    torch.testing.assert_close(model.begin(request(SHORT, features, 0, 0)), reference, atol=1e-5, rtol=0)
