@@ -14,7 +14,14 @@ from specprim.drafters._eagle_draft import EagleDraftModel
 from specprim.drafters._eagle_head import EagleHead
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
-from specprim.hf._static_target import QUERY_BUCKETS, compiled_settings, grown_cache, query_bucket, write_from
+from specprim.hf._static_target import (
+    QUERY_BUCKETS,
+    compiled_settings,
+    grown_cache,
+    padded_mask,
+    query_bucket,
+    write_from,
+)
 from specprim.masks import additive_mask, tree_extension_mask
 
 __all__ = ["StaticEagleDraftModel", "static_drafting"]
@@ -128,10 +135,7 @@ class StaticEagleDraftModel(EagleDraftModel):
         inputs[:, :count] = hidden
         rows = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,) padding at the first row's position
         rows[:count] = positions.cpu()
-        full = torch.zeros(padded, length, dtype=torch.bool)  # (Q, L)
-        full[:count, : allowed.shape[1]] = allowed
-        pad = torch.arange(count, padded)
-        full[pad, write_at + pad] = True  # padding sees itself only, so no row is fully masked
+        full = padded_mask(allowed, padded, length, write_at)  # (Q, L)
         mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, L)
         write_from(self.cache, write_at)
         step = self._head_step if eager else self._step

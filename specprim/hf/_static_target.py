@@ -101,8 +101,7 @@ class StaticTarget(ModelRunner):
         self._write_from(0)
         if length == 0:  # a one-token prompt: nothing to prefill
             return self._no_hidden_states(1, feature_layers)
-        allowed = torch.zeros(length, self.cache_length, dtype=torch.bool)
-        allowed[:, :length] = torch.ones(length, length, dtype=torch.bool).tril()
+        allowed = padded_mask(torch.ones(length, length, dtype=torch.bool).tril(), length, self.cache_length, 0)
         _, hidden = self._layers(
             prefix, torch.arange(length, device=self.device).view(1, -1), self._mask(allowed), feature_layers
         )
@@ -136,11 +135,10 @@ class StaticTarget(ModelRunner):
         ids[0, 1:real] = tree.tokens[0]
         positions = torch.full((padded,), past, dtype=torch.long)  # (Q,), padding rows at the root's position
         positions[1:real] = tree_position_ids(tree.parents.cpu(), offset=past)
-        allowed = torch.zeros(padded, self.cache_length, dtype=torch.bool)  # (Q, L)
-        allowed[:real, : past + 1] = True  # prefix and root
-        allowed[1:real, past + 1 : past + real] = tree_attention_mask(tree.parents.cpu(), device="cpu")
-        pad_rows = torch.arange(real, padded)
-        allowed[pad_rows, past + pad_rows] = True  # padding sees itself only, so no row is fully masked
+        allowed = torch.zeros(real, past + real, dtype=torch.bool)  # (N + 1, past + N + 1)
+        allowed[:, : past + 1] = True  # prefix and root
+        allowed[1:, past + 1 :] = tree_attention_mask(tree.parents.cpu(), device="cpu")
+        allowed = padded_mask(allowed, padded, self.cache_length, past)  # (Q, L)
         self._write_from(past)
         self._shapes.add((padded, tuple(feature_layers)))
         with self._compiling():
@@ -238,6 +236,18 @@ def compiled_settings() -> Iterator[None]:
     with (inductor_config.patch(freezing=True, cpp_wrapper=True),
           dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
         yield
+
+
+def padded_mask(allowed: torch.Tensor, padded: int, cache_length: int, write_at: int) -> torch.Tensor:
+    """The (padded, cache_length) bool mask of a forward whose ``n`` real rows, written at cache index ``write_at``
+    on, see ``allowed`` (n, m) over slots ``0 .. m - 1``; padding row ``j`` (``n <= j < padded``) sees only its own
+    slot ``write_at + j``, so no row is fully masked and no real row reads a padding entry."""
+    count = allowed.shape[0]
+    full = torch.zeros(padded, cache_length, dtype=torch.bool)
+    full[:count, : allowed.shape[1]] = allowed
+    pad = torch.arange(count, padded)
+    full[pad, write_at + pad] = True
+    return full
 
 
 def write_from(cache: StaticCache, position: int) -> None:
