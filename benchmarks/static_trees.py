@@ -2,11 +2,13 @@
 
 A padded size costs the same whatever fills it (2, 4, 8, 16, ... tokens; see ``benchmarks/forward_costs.py
 --kernels static``), so trees are compared by what they accept within those sizes: eagle3 with 3 / 7 / 15 nodes
-(padded to 4 / 8 / 16 tokens), with 7 siblings of the root (padded to 8) and unions with a prompt-lookup match of 4
-or 8 tokens, side by side with packed and stock ``model.generate`` in one interleaved run (MT-bench first turns, 10
-questions, 128 tokens, bf16, packed):
+(padded to 4 / 8 / 16 tokens), with 7 siblings of the root (padded to 8), with 3 or 7 siblings (and 3
+with one child each) drawn without replacement from the head's distribution ("sampled": top-k under greedy
+decoding, SpecInfer-style draws at temperature > 0) and unions with a prompt-lookup match of 4 or 8 tokens, side by
+side with packed and stock ``model.generate`` in one interleaved run (MT-bench first turns, 10 questions, 128
+tokens, bf16, packed):
 
-    python benchmarks/static_trees.py [--temperature 1] [--methods '3 nodes,7 siblings'] [--json out.json]
+    python benchmarks/static_trees.py [--temperature 1] [--methods '3 nodes,3 sampled'] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from specprim import bench, models, presets
 
 HEAD = "smollm2-135m-instruct-eagle3"
 TREES = {"3 nodes": "dynamic:depth=1,top_k=3,budget=3", "7 nodes": "dynamic:depth=2,top_k=3,budget=7",
-         "15 nodes": "dynamic:depth=3,top_k=4,budget=15", "7 siblings": "dynamic:depth=1,top_k=7,budget=7"}
+         "15 nodes": "dynamic:depth=3,top_k=4,budget=15", "7 siblings": "dynamic:depth=1,top_k=7,budget=7",
+         "3 sampled": "sampled:3", "7 sampled": "sampled:7", "3,1 sampled": "sampled:3,1"}
 UNIONS = {"3 nodes + lookup 4": ("3 nodes", 4), "7 nodes + lookup 8": ("7 nodes", 8)}
 
 

@@ -155,6 +155,26 @@ def test_speculative_deterministic_walk_equals_the_general_walk(
     assert torch.equal(rule(p, tree, generator=torch.Generator().manual_seed(seed)).path, fast.path)
 
 
+@settings(max_examples=80, deadline=None)
+@given(problem=problems(), seed=st.integers(min_value=0, max_value=1000),
+       sampling=st.sampled_from(["iid", "without_replacement"]))
+def test_speculative_sampled_walk_equals_the_general_walk(
+    problem: tuple[torch.Tensor, DraftTree], seed: int, sampling: str
+) -> None:
+    """Sampled drafts take a walk with an unnormalised target; it returns the general walk's verdicts from the same
+    uniforms (repeated, zero-q and sparse tokens included)."""
+    p, tree = problem
+    q = tree.q if tree.q is not None else p.flip(-1)
+    tree = dataclasses.replace(tree, q=q, sampling=sampling)
+    rule = SpeculativeSampling()
+    tables = TreeTables.of(tree, p.device)
+    fast = rule._sampled_walk(p, tree, tables, torch.Generator().manual_seed(seed))
+    general = rule._walk(p, tree, tables, torch.Generator().manual_seed(seed))
+    assert torch.equal(fast.path, general.path) and torch.equal(fast.num_accepted, general.num_accepted)
+    assert torch.equal(fast.next_token, general.next_token)
+    assert torch.equal(rule(p, tree, generator=torch.Generator().manual_seed(seed)).path, fast.path)
+
+
 def test_speculative_skips_zero_probability_iid_drafts() -> None:
     """A token the draft could not have drawn (q(x) == 0) is never accepted and leaves p untouched."""
     batch = 50_000

@@ -221,7 +221,10 @@ def test_parse_tree_and_with_tree():
     assert parse_tree("chain:4") == Chain(4) and parse_tree("chain:k=2") == Chain(2)
     assert parse_tree("dynamic:depth=3,top_k=4,budget=10") == DynamicTree(depth=3, top_k=4, budget=10)
     assert parse_tree("static:2,1") == StaticTree.from_branching((2, 1))
-    for bad in ("chain:x", "dynamic:depth=3", "pyramid:3", "chain:0"):
+    sampled = parse_tree("sampled:3,1")
+    assert sampled.paths == StaticTree.from_branching((3, 1)).paths and sampled.sample_without_replacement
+    assert not parse_tree("static:3,1").sample_without_replacement
+    for bad in ("chain:x", "dynamic:depth=3", "pyramid:3", "chain:0", "sampled:", "sampled:0", "static:2,x"):
         with pytest.raises(ValueError):
             parse_tree(bad)
     draft = tiny_causal_lm("llama", seed=1)

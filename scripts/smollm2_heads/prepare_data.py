@@ -1,8 +1,8 @@
 """Training conversations of the shipped SmolLM2-135M-Instruct heads (see specprim/models/heads/*/README.md).
 
-Writes ``combined.jsonl`` in the current directory: the first ``--distilled`` conversations of a length-sorted
-list of ShareGPT first turns, answered by the target itself (greedy, at most 256 new tokens), followed by the
-original ShareGPT conversations ``[200, 200 + --original)``. Conversations ``[0, 200)`` are never used.
+Writes ``combined.jsonl`` in the current directory: ``--distilled`` conversations of a length-sorted list of
+ShareGPT first turns, from position ``--start`` on, answered by the target itself (greedy, at most 256 new tokens),
+followed by the original ShareGPT conversations ``[200, 200 + --original)``. Conversations ``[0, 200)`` are never used.
 Resumable: rerun the same command after an interruption.
 """
 
@@ -19,6 +19,8 @@ from specprim.train import self_distill, sharegpt_conversations
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--distilled", type=int, default=64)
+    parser.add_argument("--start", type=int, default=0,
+                        help="first position in the length-sorted list of first turns (later rounds take new ones)")
     parser.add_argument("--original", type=int, default=1500)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
                         help="the target's dtype while it answers (bfloat16 runs packed, faster on AMX CPUs)")
@@ -34,7 +36,7 @@ def main() -> None:
             ordered += sorted(firsts[start:start + 256], key=lambda c: len(c[-2]["content"]))
         with open("distill_order.jsonl", "w") as f:
             f.writelines(json.dumps(c) + "\n" for c in ordered)
-    ordered = [json.loads(line) for line in open("distill_order.jsonl")][: args.distilled]
+    ordered = [json.loads(line) for line in open("distill_order.jsonl")][args.start: args.start + args.distilled]
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load("smollm2-135m-instruct", dtype=dtype, pack=dtype == torch.bfloat16)
     self_distill(target, tokenizer, ordered, "distilled.jsonl", max_new_tokens=256, max_prompt_tokens=384,

@@ -49,9 +49,11 @@ class SpeculativeSampling:
     def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
         validate_inputs(p, tree)
         tables = TreeTables.of(tree, p.device)
-        if (tree.sampling == "deterministic" or tree.q is None) and not self._overrides_a_step():
+        if self._overrides_a_step():
+            return self._walk(p, tree, tables, generator)
+        if tree.sampling == "deterministic" or tree.q is None:
             return self._deterministic_walk(p, tree, tables, generator)
-        return self._walk(p, tree, tables, generator)
+        return self._sampled_walk(p, tree, tables, generator)
 
     def _walk(
         self, p: torch.Tensor, tree: DraftTree, tables: TreeTables, generator: torch.Generator | None
@@ -132,6 +134,61 @@ class SpeculativeSampling:
         next_token = sample(self._without_rejected(p_row, rejected), generator)  # (B,)
         return verdict_at(node, next_token, tables)
 
+    def _sampled_walk(
+        self, p: torch.Tensor, tree: DraftTree, tables: TreeTables, generator: torch.Generator | None
+    ) -> Verdict:
+        """:meth:`_walk` for sampled drafts (``"iid"``, ``"without_replacement"``) in fewer (B, V) passes; the same
+        uniforms, so the same verdicts up to float rounding.
+
+        The target is kept unnormalised, ``r = u / z``. Sibling ``x_k`` was drawn from ``q_k = q_left / m``:
+        ``q_left`` is the node's ``q`` row (for ``"without_replacement"`` with the earlier siblings' tokens zeroed)
+        and ``m`` its mass. Rejecting it sets ``r = residual(r, q_k)``, i.e. ``u = max(u - (z / m) q_left, 0)`` and
+        ``z = sum(u)``: one fused multiply-add, a clamp and a sum, and only when some row rejects. On the CPU the
+        rest of a level is skipped once no row is still trying a sibling (a host check, free there).
+        """
+        batch = p.shape[0]
+        q = tree.q.to(p.dtype)
+        without_replacement = tree.sampling == "without_replacement"
+        node = torch.full((batch,), -1, dtype=torch.long, device=p.device)  # (B,) current node
+        u = p[:, 0]  # (B, V) unnormalised target
+        z = torch.ones(batch, dtype=p.dtype, device=p.device)  # (B,) its mass
+        walking = torch.ones(batch, dtype=torch.bool, device=p.device)  # (B,) rows still descending
+        for _level in range(tree.depth + 1):
+            if not bool(walking.any()):
+                break
+            q_left = rows_at(q, node)  # (B, V) a fresh tensor (advanced indexing)
+            kids = tables.children[node + 1]  # (B, K)
+            moved = torch.zeros_like(walking)  # (B,) accepted a child at this level
+            uniforms = torch.rand(batch, kids.shape[1], generator=generator, device=p.device, dtype=p.dtype)
+            for rank in range(kids.shape[1]):
+                child = kids[:, rank]  # (B,) -1 where the node has fewer children
+                trying = walking & ~moved & (child >= 0)
+                if not _maybe_any(trying):
+                    break
+                token = tree.tokens.gather(1, child.clamp_min(0).unsqueeze(1))  # (B, 1)
+                q_token = q_left.gather(1, token).squeeze(1)  # (B,)
+                mass = q_left.sum(dim=1) if without_replacement else torch.ones_like(z)  # (B,) m
+                safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
+                q_x = q_token / safe_mass  # (B,)
+                r_x = u.gather(1, token).squeeze(1) / z  # (B,)
+                accept = trying & (uniforms[:, rank] < self._acceptance_probability(r_x, q_x))
+                reject = trying & ~accept & (q_x > 0)  # zero-q siblings are skipped, r unchanged
+                if _maybe_any(reject):
+                    diff = torch.addcmul(u, q_left, (-z / safe_mass).unsqueeze(1)).clamp_min_(0.0)  # (B, V)
+                    left = diff.sum(dim=1)  # (B,) residual mass; 0 means r == q_k: keep r (as `residual`)
+                    update = reject & (left > 0)
+                    u = torch.where(update.unsqueeze(1), diff, u)
+                    z = torch.where(update, left, z)
+                u = torch.where(accept.unsqueeze(1), rows_at(p, child), u)
+                z = torch.where(accept, torch.ones_like(z), z)
+                node = torch.where(accept, child, node)
+                moved = moved | accept
+                if without_replacement:  # later siblings were drawn without this token
+                    q_left = q_left.scatter(1, token, torch.where(trying, 0.0, q_token).unsqueeze(1))
+            walking = moved
+        next_token = sample(u, generator)  # (B,)
+        return verdict_at(node, next_token, tables)
+
     def _without_rejected(self, p_row: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
         """(B, V) the end node's target, (B, K) tokens rejected there (-1: none) -> (B, V) what the next token is
         drawn from: ``p_row`` with the rejected tokens zeroed (unnormalised; ``p_row`` itself if nothing is left)."""
@@ -177,3 +234,8 @@ class SpeculativeSampling:
     ) -> torch.Tensor:
         """(B, V) target, (B, V) rejected proposal, (B, V) node's target -> (B, V) the new target."""
         return residual(target, proposal)
+
+
+def _maybe_any(mask: torch.Tensor) -> bool:
+    """``mask.any()`` on the CPU, where reading it is free; ``True`` elsewhere (no host sync on accelerators)."""
+    return mask.device.type != "cpu" or bool(mask.any())

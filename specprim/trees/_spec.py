@@ -1,5 +1,6 @@
 """Tree shapes from short strings, for command lines: ``chain:4``, ``dynamic:depth=4,top_k=4,budget=16``,
-``static:3,2,1`` (branching widths)."""
+``static:3,2,1`` (branching widths) and ``sampled:3,2,1`` (the same shape, siblings drawn without replacement when
+sampling)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,23 @@ from specprim.trees._chain import Chain
 from specprim.trees._dynamic import DynamicTree
 from specprim.trees._static import StaticTree
 
-SPEC_HELP = "chain:K | dynamic:depth=D,top_k=K,budget=N | static:W1,W2,... (branching widths by depth)"
+SPEC_HELP = ("chain:K | dynamic:depth=D,top_k=K,budget=N | static:W1,W2,... (branching widths by depth, top-k) | "
+             "sampled:W1,W2,... (the same, siblings drawn without replacement at temperature > 0)")
 
 
 def parse_tree(spec: str) -> TreeBuilder:
-    """Build the tree shape a spec string names (see :data:`SPEC_HELP`); ``ValueError`` says what is wrong."""
+    """Build the tree shape a spec string names (see :data:`SPEC_HELP`); ``ValueError`` says what is wrong.
+
+    ``sampled:W1,...`` is a :class:`StaticTree` with ``sample_without_replacement=True``: top-k under greedy
+    decoding, SpecInfer-style sampled siblings (``"without_replacement"``, with ``q``) otherwise. At temperature
+    > 0 such a tree cannot join a union (``UnionDrafter`` raises ``ValueError`` when it drafts one)."""
     kind, _, args = spec.strip().partition(":")
     try:
         if kind == "chain":
             return Chain(int(args.removeprefix("k=")))
-        if kind == "static":
-            return StaticTree.from_branching([int(w) for w in args.split(",")])
+        if kind in ("static", "sampled"):
+            shape = StaticTree.from_branching([int(w) for w in args.split(",")])
+            return StaticTree(paths=shape.paths, sample_without_replacement=kind == "sampled")
         if kind == "dynamic":
             fields = dict(item.split("=", 1) for item in args.split(","))
             if set(fields) != {"depth", "top_k", "budget"}:
