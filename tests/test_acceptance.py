@@ -135,6 +135,18 @@ def test_sampling_rules_reduce_to_greedy_on_one_hot_targets(
         assert torch.equal(got.next_token, expected.next_token), type(rule).__name__
 
 
+def assert_walk_equals_the_general_walk(walk: str, p: torch.Tensor, tree: DraftTree, seed: int) -> None:
+    """``SpeculativeSampling``'s walk named ``walk`` and its general ``_walk`` give the same verdicts for one seed,
+    and calling the rule gives that path too."""
+    rule = SpeculativeSampling()
+    tables = TreeTables.of(tree, p.device)
+    fast = getattr(rule, walk)(p, tree, tables, torch.Generator().manual_seed(seed))
+    general = rule._walk(p, tree, tables, torch.Generator().manual_seed(seed))
+    assert torch.equal(fast.path, general.path) and torch.equal(fast.num_accepted, general.num_accepted)
+    assert torch.equal(fast.next_token, general.next_token)
+    assert torch.equal(rule(p, tree, generator=torch.Generator().manual_seed(seed)).path, fast.path)
+
+
 @settings(max_examples=80, deadline=None)
 @given(problem=problems(), seed=st.integers(min_value=0, max_value=1000), greedy=st.booleans())
 def test_speculative_deterministic_walk_equals_the_general_walk(
@@ -146,13 +158,7 @@ def test_speculative_deterministic_walk_equals_the_general_walk(
     if greedy:
         p = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).float()
     tree = dataclasses.replace(tree, q=None, sampling="deterministic")
-    rule = SpeculativeSampling()
-    tables = TreeTables.of(tree, p.device)
-    fast = rule._deterministic_walk(p, tree, tables, torch.Generator().manual_seed(seed))
-    general = rule._walk(p, tree, tables, torch.Generator().manual_seed(seed))
-    assert torch.equal(fast.path, general.path) and torch.equal(fast.num_accepted, general.num_accepted)
-    assert torch.equal(fast.next_token, general.next_token)
-    assert torch.equal(rule(p, tree, generator=torch.Generator().manual_seed(seed)).path, fast.path)
+    assert_walk_equals_the_general_walk("_deterministic_walk", p, tree, seed)
 
 
 @settings(max_examples=80, deadline=None)
@@ -166,13 +172,7 @@ def test_speculative_sampled_walk_equals_the_general_walk(
     p, tree = problem
     q = tree.q if tree.q is not None else p.flip(-1)
     tree = dataclasses.replace(tree, q=q, sampling=sampling)
-    rule = SpeculativeSampling()
-    tables = TreeTables.of(tree, p.device)
-    fast = rule._sampled_walk(p, tree, tables, torch.Generator().manual_seed(seed))
-    general = rule._walk(p, tree, tables, torch.Generator().manual_seed(seed))
-    assert torch.equal(fast.path, general.path) and torch.equal(fast.num_accepted, general.num_accepted)
-    assert torch.equal(fast.next_token, general.next_token)
-    assert torch.equal(rule(p, tree, generator=torch.Generator().manual_seed(seed)).path, fast.path)
+    assert_walk_equals_the_general_walk("_sampled_walk", p, tree, seed)
 
 
 def test_speculative_skips_zero_probability_iid_drafts() -> None:
