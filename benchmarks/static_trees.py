@@ -23,7 +23,7 @@ from specprim import bench, models, presets
 HEAD = "smollm2-135m-instruct-eagle3"
 TREES = {"3 nodes": "dynamic:depth=1,top_k=3,budget=3", "7 nodes": "dynamic:depth=2,top_k=3,budget=7",
          "15 nodes": "dynamic:depth=3,top_k=4,budget=15", "7 siblings": "dynamic:depth=1,top_k=7,budget=7",
-         "3 sampled": "sampled:3", "7 sampled": "sampled:7", "3,1 sampled": "sampled:3,1"}
+         "3 sampled": "sampled:3", "7 sampled": "sampled:7", "3x1 sampled": "sampled:3,1"}
 UNIONS = {"3 nodes + lookup 4": ("3 nodes", 4), "7 nodes + lookup 8": ("7 nodes", 8)}
 
 
