@@ -70,9 +70,7 @@ class SpeculativeSampling:
             p_row = target  # (B, V) the undisturbed target of the current node
             q_row = None if q is None else rows_at(q, node)  # (B, V)
             excluded = torch.zeros(batch, vocab, dtype=torch.bool, device=p.device)  # earlier siblings
-            kids = tables.children[node + 1]  # (B, K)
-            moved = torch.zeros_like(walking)  # (B,) accepted a child at this level
-            uniforms = torch.rand(batch, kids.shape[1], generator=generator, device=p.device, dtype=p.dtype)
+            kids, moved, uniforms = _level_start(tables, node, walking, p, generator)
             for rank in range(kids.shape[1]):
                 child = kids[:, rank]  # (B,) -1 where the node has fewer children
                 trying = walking & ~moved & (child >= 0)
@@ -115,7 +113,7 @@ class SpeculativeSampling:
             if not bool(walking.any()):
                 break
             kids = tables.children[node + 1]  # (B, K) -1 padded
-            uniforms = torch.rand(batch, width, generator=generator, device=p.device, dtype=p.dtype)
+            uniforms = _uniforms(p, width, generator)  # (B, K)
             tried = walking.unsqueeze(1) & (kids >= 0)  # (B, K)
             token = tree.tokens.gather(1, kids.clamp_min(0))  # (B, K)
             same = token.unsqueeze(2) == token.unsqueeze(1)  # (B, K, K) [k, j]: x_k == x_j
@@ -157,9 +155,7 @@ class SpeculativeSampling:
             if not bool(walking.any()):
                 break
             q_left = rows_at(q, node)  # (B, V) a fresh tensor (advanced indexing)
-            kids = tables.children[node + 1]  # (B, K)
-            moved = torch.zeros_like(walking)  # (B,) accepted a child at this level
-            uniforms = torch.rand(batch, kids.shape[1], generator=generator, device=p.device, dtype=p.dtype)
+            kids, moved, uniforms = _level_start(tables, node, walking, p, generator)
             for rank in range(kids.shape[1]):
                 child = kids[:, rank]  # (B,) -1 where the node has fewer children
                 trying = walking & ~moved & (child >= 0)
@@ -239,3 +235,18 @@ class SpeculativeSampling:
 def _maybe_any(mask: torch.Tensor) -> bool:
     """``mask.any()`` on the CPU, where reading it is free; ``True`` elsewhere (no host sync on accelerators)."""
     return mask.device.type != "cpu" or bool(mask.any())
+
+
+def _uniforms(p: torch.Tensor, width: int, generator: torch.Generator | None) -> torch.Tensor:
+    """The (B, K) uniforms every walk draws at each level it visits, one per sibling rank, from ``generator``:
+    the same draws in every walk, hence the same verdicts."""
+    return torch.rand(p.shape[0], width, generator=generator, device=p.device, dtype=p.dtype)
+
+
+def _level_start(
+    tables: TreeTables, node: torch.Tensor, walking: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """At the current nodes (B,): their children (B, K) (-1 padded), the (B,) "accepted a child at this level"
+    flags (all False) and the level's (B, K) uniforms."""
+    kids = tables.children[node + 1]  # (B, K)
+    return kids, torch.zeros_like(walking), _uniforms(p, kids.shape[1], generator)
