@@ -37,6 +37,9 @@ def main() -> None:
         with open("distill_order.jsonl", "w") as f:
             f.writelines(json.dumps(c) + "\n" for c in ordered)
     ordered = [json.loads(line) for line in open("distill_order.jsonl")][args.start: args.start + args.distilled]
+    if args.start < 0 or len(ordered) < args.distilled:
+        parser.error(f"--start {args.start} --distilled {args.distilled} asks for more than the "
+                     f"{len(ordered) + max(args.start, 0)} first turns of distill_order.jsonl")
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load("smollm2-135m-instruct", dtype=dtype, pack=dtype == torch.bfloat16)
     self_distill(target, tokenizer, ordered, "distilled.jsonl", max_new_tokens=256, max_prompt_tokens=384,
