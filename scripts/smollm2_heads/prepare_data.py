@@ -36,10 +36,11 @@ def main() -> None:
             ordered += sorted(firsts[start:start + 256], key=lambda c: len(c[-2]["content"]))
         with open("distill_order.jsonl", "w") as f:
             f.writelines(json.dumps(c) + "\n" for c in ordered)
-    ordered = [json.loads(line) for line in open("distill_order.jsonl")][args.start: args.start + args.distilled]
-    if args.start < 0 or len(ordered) < args.distilled:
-        parser.error(f"--start {args.start} --distilled {args.distilled} asks for more than the "
-                     f"{len(ordered) + max(args.start, 0)} first turns of distill_order.jsonl")
+    available = [json.loads(line) for line in open("distill_order.jsonl")]
+    if not (args.start >= 0 and args.start + args.distilled <= len(available)):
+        parser.error(f"--start {args.start} --distilled {args.distilled} is outside the {len(available)} first turns "
+                     "of distill_order.jsonl")
+    ordered = available[args.start: args.start + args.distilled]
     dtype = getattr(torch, args.dtype)
     target, tokenizer = load("smollm2-135m-instruct", dtype=dtype, pack=dtype == torch.bfloat16)
     self_distill(target, tokenizer, ordered, "distilled.jsonl", max_new_tokens=256, max_prompt_tokens=384,
