@@ -32,10 +32,8 @@ def problem(sampling: str, close: bool, generator: torch.Generator) -> tuple[tor
     q = (logits + 0.5 * noise).softmax(-1) if close else (3 * noise).softmax(-1)
     q[:, 1:] = 0
     tokens = torch.multinomial(q[0, 0], SIBLINGS, generator=generator).unsqueeze(0)  # (1, 3) distinct
-    tree = DraftTree(tokens=tokens, parents=torch.full((SIBLINGS,), -1), q=q, sampling=sampling)
-    if sampling == "deterministic":
-        tree = DraftTree(tokens=tokens, parents=tree.parents, sampling="deterministic")
-    return p, tree
+    sampled_q = None if sampling == "deterministic" else q
+    return p, DraftTree(tokens=tokens, parents=torch.full((SIBLINGS,), -1), q=sampled_q, sampling=sampling)
 
 
 def mean_ms(call: Callable[[], object], repeats: int = 5) -> float:
