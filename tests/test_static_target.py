@@ -3,6 +3,8 @@ own ``generate`` decodes (fp32, branching trees whose accepted nodes must be mov
 states, a cache that grows mid-generation, sampling with a fixed seed); a verifier that skips the cache move is
 caught; the bench verifies through it; unsupported models and inputs raise clear errors."""
 
+import os
+
 import pytest
 import torch
 from _tiny import tiny_causal_lm, tiny_tokenizer
@@ -183,3 +185,17 @@ def test_unsupported_models_and_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="one sequence at a time"):
         speculative_generate(verifier, PROMPT.expand(2, -1), drafter=PromptLookup(), acceptance=Greedy(),
                              max_new_tokens=4)
+
+
+def test_compiled_settings_attend_on_the_key_value_heads_unless_the_user_chose(monkeypatch):
+    """Inside ``compiled_settings`` transformers' SDPA attention runs grouped-query attention natively (the tiny
+    model has 4 query and 2 key/value heads, and the compiled parity tests above run through it); a value the user
+    set is kept, and the environment is restored after."""
+    monkeypatch.delenv(_static_target.FORCE_GQA, raising=False)
+    with _static_target.compiled_settings():
+        assert os.environ[_static_target.FORCE_GQA] == "1"
+    assert _static_target.FORCE_GQA not in os.environ
+    monkeypatch.setenv(_static_target.FORCE_GQA, "0")
+    with _static_target.compiled_settings():
+        assert os.environ[_static_target.FORCE_GQA] == "0"
+    assert os.environ[_static_target.FORCE_GQA] == "0"

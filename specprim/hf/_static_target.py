@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 from collections.abc import Callable, Iterator
 
 import torch
@@ -18,6 +19,10 @@ from specprim._types import DraftTree
 from specprim.hf._target import ModelRunner
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
 from specprim.models._pack import stock_kernels
+
+FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+"""transformers' switch for attending on the key/value heads as they are (``enable_gqa``) even when a mask is passed;
+without it, its SDPA attention repeats them to the query heads whenever there is a mask."""
 
 QUERY_BUCKETS = (2, 4, 8, 16, 32, 64)
 """Padded sizes of ``[root] + tree``; larger trees are padded to a multiple of the last one."""
@@ -231,11 +236,13 @@ def compiled_settings() -> Iterator[None]:
     """The settings static-shape forwards are compiled and run under: inductor freezing (pre-packs the weights for
     oneDNN on CPU), a C++ wrapper around the generated kernels (no Python between them: ~1-2 ms less per SmolLM2
     forward here, twice the compile time), linears that read the same input concatenated into one (``q/k/v`` and
-    ``gate/up``: 4 instead of 7 matrix products per Llama layer, 2-13 % less per SmolLM2 forward here, see
-    ``benchmarks/hardware_limit.py``), room for one compiled graph per shape, packed layers
+    ``gate/up``: 4 instead of 7 matrix products per Llama layer), attention on the key/value heads as they are
+    (:data:`FORCE_GQA`; transformers would repeat them to the query heads, since a mask is passed; these two are
+    measured by ``benchmarks/verifier_settings.py``), room for one compiled graph per shape, packed layers
     (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``, which freezing then pre-packs itself, and
     transformers' output-capturing hooks out of the way."""
     with (inductor_config.patch({"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}),
+          _environment(FORCE_GQA, "1"),
           dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
         yield
 
@@ -280,6 +287,20 @@ def grown_cache(
             new_layer.keys[:, :, :keep] = old_layer.keys[:, :, :keep]
             new_layer.values[:, :, :keep] = old_layer.values[:, :, :keep]
     return cache
+
+
+@contextlib.contextmanager
+def _environment(name: str, value: str) -> Iterator[None]:
+    """Set the environment variable ``name`` to ``value`` inside the context (unless it is already set), restore it
+    after."""
+    if name in os.environ:
+        yield
+        return
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        del os.environ[name]
 
 
 @contextlib.contextmanager
