@@ -48,8 +48,8 @@ def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContex
     """specprim's compiled settings, with ``setting`` on or off as ``_switched_on["on"]`` says."""
 
     @contextlib.contextmanager
-    def settings() -> Iterator[None]:
-        with _settings(), contextlib.nullcontext() if _switched_on["on"] else _off(setting):
+    def settings(device_type: str = "cpu") -> Iterator[None]:
+        with _settings(device_type), contextlib.nullcontext() if _switched_on["on"] else _off(setting):
             yield
 
     return settings

@@ -188,7 +188,7 @@ def test_unsupported_models_and_inputs_raise_clear_errors():
 
 
 def test_compiled_settings_attend_on_the_key_value_heads_unless_the_user_chose(monkeypatch):
-    """Inside ``compiled_settings`` transformers' SDPA attention runs grouped-query attention natively (the tiny
+    """Inside ``compiled_settings`` on CPU transformers' SDPA attention runs grouped-query attention natively (the tiny
     model has 4 query and 2 key/value heads, and the compiled parity tests above run through it); a value the user
     set is kept, and the environment is restored after."""
     monkeypatch.delenv(_static_target.FORCE_GQA, raising=False)
@@ -199,3 +199,6 @@ def test_compiled_settings_attend_on_the_key_value_heads_unless_the_user_chose(m
     with _static_target.compiled_settings():
         assert os.environ[_static_target.FORCE_GQA] == "0"
     assert os.environ[_static_target.FORCE_GQA] == "0"
+    monkeypatch.delenv(_static_target.FORCE_GQA)
+    with _static_target.compiled_settings("cuda"):  # masked GQA could fall back to the math kernel there
+        assert _static_target.FORCE_GQA not in os.environ

@@ -139,7 +139,7 @@ class StaticEagleDraftModel(EagleDraftModel):
         mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, L)
         write_from(self.cache, write_at)
         step = self._head_step if eager else self._step
-        with compiled_settings() if self.compiled and not eager else contextlib.nullcontext():
+        with compiled_settings(self._device.type) if self.compiled and not eager else contextlib.nullcontext():
             predicted, logits = step(ids, inputs, rows.view(1, -1).to(self._device), mask)
         return predicted[:, :count], logits[:, :count]
 

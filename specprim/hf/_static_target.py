@@ -210,7 +210,7 @@ class StaticTarget(ModelRunner):
         return logits, tuple(states[i] for i in feature_layers)
 
     def _compiling(self) -> contextlib.AbstractContextManager[None]:
-        return compiled_settings() if self.compiled else contextlib.nullcontext()
+        return compiled_settings(self.device.type) if self.compiled else contextlib.nullcontext()
 
     def _write_from(self, position: int) -> None:
         assert self.cache is not None
@@ -232,17 +232,18 @@ class StaticTarget(ModelRunner):
 
 
 @contextlib.contextmanager
-def compiled_settings() -> Iterator[None]:
-    """The settings static-shape forwards are compiled and run under: inductor freezing (pre-packs the weights for
-    oneDNN on CPU), a C++ wrapper around the generated kernels (no Python between them: ~1-2 ms less per SmolLM2
-    forward here, twice the compile time), linears that read the same input concatenated into one (``q/k/v`` and
-    ``gate/up``: 4 instead of 7 matrix products per Llama layer), attention on the key/value heads as they are
-    (:data:`FORCE_GQA`; transformers would repeat them to the query heads, since a mask is passed; these two are
-    measured by ``benchmarks/verifier_settings.py``), room for one compiled graph per shape, packed layers
-    (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``, which freezing then pre-packs itself, and
-    transformers' output-capturing hooks out of the way."""
+def compiled_settings(device_type: str = "cpu") -> Iterator[None]:
+    """The settings static-shape forwards on ``device_type`` are compiled and run under: inductor freezing
+    (pre-packs the weights for oneDNN on CPU), a C++ wrapper around the generated kernels (no Python between them:
+    ~1-2 ms less per SmolLM2 forward here, twice the compile time), linears that read the same input concatenated
+    into one (``q/k/v`` and ``gate/up``: 4 instead of 7 matrix products per Llama layer), on CPU attention on the
+    key/value heads as they are (:data:`FORCE_GQA`; transformers would repeat them to the query heads, since a mask
+    is passed; on CUDA a masked grouped-query attention could fall back to the math kernel, so there it repeats
+    them; these two are measured by ``benchmarks/verifier_settings.py``), room for one compiled graph per shape,
+    packed layers (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``, which freezing then pre-packs
+    itself, and transformers' output-capturing hooks out of the way."""
     with (inductor_config.patch({"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}),
-          _environment(FORCE_GQA, "1"),
+          _environment(FORCE_GQA, "1") if device_type == "cpu" else contextlib.nullcontext(),
           dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
         yield
 
