@@ -13,7 +13,8 @@ per byte, so the time to stream the weights from memory bounds the step from bel
 4. **attention alone**: every layer's ``scaled_dot_product_attention`` as transformers calls it (key/value heads
    repeated for grouped-query attention, an additive mask) over a static cache of ``--cache-length`` slots (what
    ``StaticTarget`` attends over: its cache is a multiple of 512), compiled;
-5. **the whole forward** at 1, 8 and 16 query tokens after a 100-token context (eager, or ``--static`` through a
+5. **the whole forward** at 1, 8 and 16 query tokens after a 100-token context, the fastest of ``--repeats``
+   (``benchmarks/forward_costs.py``'s timing; eager, or ``--static`` through a
    compiled ``StaticTarget``, which takes minutes of compiling; it pads 1 query token to 2).
 
 The table shows each in milliseconds and as a multiple of the floor; what the whole forward costs above the linear
@@ -31,14 +32,15 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
+from forward_costs import forward_ms, static_forward_ms  # benchmarks/forward_costs.py, beside this script
 from torch import nn
-from transformers import DynamicCache
 
-from specprim import DraftTree, models
+from specprim import models
 from specprim.hf import StaticTarget, query_bucket
 from specprim.models import PackedLinear
 
 ROWS = (1, 8, 16)
+PAST = 100  # context tokens before the timed forwards
 
 
 def best_ms(run: Callable[[], object], repeats: int) -> float:
@@ -123,37 +125,6 @@ def attention_ms(config, queries: int, cache_length: int, repeats: int) -> float
         return best_ms(compiled, repeats)
 
 
-def static_forward_ms(verifier: StaticTarget, context: torch.Tensor, queries: int, repeats: int) -> float:
-    """Milliseconds of one compiled static verification of ``queries`` tokens (root + chain) after ``context``."""
-    past = context.shape[1] - 1
-    tokens = torch.randint(0, verifier.vocab_size, (1, queries - 1), generator=torch.Generator().manual_seed(0))
-    tree = DraftTree(tokens=tokens, parents=torch.arange(queries - 1) - 1)
-    verifier.start(context)
-
-    def run() -> None:
-        verifier.verify(context[:, past], tree)
-        verifier.past_length = past
-
-    return best_ms(run, repeats)
-
-
-def eager_forward_ms(model: nn.Module, context: torch.Tensor, queries: int, repeats: int) -> float:
-    """Milliseconds of one eager forward of ``queries`` tokens (a 4D mask for more than one) after ``context``."""
-    cache = DynamicCache(config=model.config)
-    past = context.shape[1]
-    ids = torch.randint(0, model.config.vocab_size, (1, queries), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(1, 1, queries, past + queries, dtype=torch.bool) if queries > 1 else None
-    positions = torch.arange(past, past + queries).view(1, -1)  # (1, Q)
-    with torch.no_grad():
-        model(input_ids=context, past_key_values=cache, use_cache=True)
-
-        def run() -> None:
-            model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True)
-            cache.crop(-queries)
-
-        return best_ms(run, repeats)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="smollm2-135m-instruct")
@@ -170,8 +141,8 @@ def main() -> None:
     model, _ = models.load(args.target, dtype=torch.bfloat16, pack=args.pack)
     layers = linear_layers(model, concatenate=args.static)
     floor_ms = weight_bytes(layers) / (bandwidth * 1e9) * 1000
-    context = torch.randint(0, model.config.vocab_size, (1, 100), generator=torch.Generator().manual_seed(0))
-    forward = partial(static_forward_ms, StaticTarget(model)) if args.static else partial(eager_forward_ms, model)
+    context = torch.randint(0, model.config.vocab_size, (1, PAST + 1), generator=torch.Generator().manual_seed(0))
+    forward = partial(static_forward_ms, StaticTarget(model)) if args.static else partial(forward_ms, model)
 
     kind = ("compiled static" if args.static else "eager") + (", packed weights" if args.pack else "")
     print(f"{args.target}, bfloat16, {kind}, {args.threads} threads")
@@ -185,7 +156,8 @@ def main() -> None:
         linear = linears_ms(layers, rows, args.repeats)
         attended = query_bucket(rows) if args.static else rows  # the static verifier pads 1 token to 2
         attention = attention_ms(model.config, attended, args.cache_length, args.repeats)
-        whole = forward(context, rows, args.repeats)
+        forward(context, PAST, rows, 1)  # warm-up (compiles with --static)
+        whole = forward(context, PAST, rows, args.repeats, best=True)
         print(f"| {rows} | {linear:.1f} | {linear / floor_ms:.2f} | {attention:.1f} | {whole:.1f} | "
               f"{whole / floor_ms:.2f} | {(whole - linear) / whole:.0%} |", flush=True)
 
