@@ -17,6 +17,7 @@ from specprim._loop import (
     _committed_features,
     _cut,
     _stop_ids,
+    check_decodes,
 )
 from specprim._stats import GenerationStats
 from specprim._types import DraftRequest, DraftTree, TargetFeatures, truncate_tree
@@ -109,8 +110,7 @@ def batch_generate(
     drafters = _check_drafters(drafter, batch)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if getattr(acceptance, "greedy_only", False) and not sampling.is_greedy:
-        raise ValueError(f"{acceptance!r} verifies greedy decoding only; use temperature=0 or a sampling rule")
+    check_decodes(acceptance, drafters, sampling)
     if streamer is not None:
         raise ValueError("a streamer needs one unpadded prompt (B = 1, no attention_mask)")
     stop_ids = _stop_ids(eos_token_id)

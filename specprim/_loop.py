@@ -79,8 +79,7 @@ def speculative_generate(
     ids = _check_prompt(input_ids).to(verifier.device)  # (1, T)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
-    if getattr(acceptance, "greedy_only", False) and not sampling.is_greedy:
-        raise ValueError(f"{acceptance!r} verifies greedy decoding only; use temperature=0 or a sampling rule")
+    check_decodes(acceptance, [drafter], sampling)
     stop_ids = _stop_ids(eos_token_id)
     verifier.check_length(ids.shape[1] + max_new_tokens)
     stats = GenerationStats()
@@ -140,6 +139,20 @@ def _committed_features(
     rows = torch.cat([path.new_zeros(1), path + 1])  # (a + 1,)
     tokens = torch.cat([root, accepted], dim=1)  # (1, a + 1)
     return TargetFeatures(hidden_states=tuple(h[:, rows] for h in hidden), token_ids=tokens, start=start)
+
+
+def check_decodes(acceptance: AcceptanceRule, drafters: Sequence[Drafter], sampling: SamplingConfig) -> None:
+    """Raise ``ValueError`` when ``sampling`` is not greedy and the acceptance rule or one of ``drafters`` declares
+    ``greedy_only``."""
+    if sampling.is_greedy:
+        return
+    if getattr(acceptance, "greedy_only", False):
+        raise ValueError(f"{acceptance!r} verifies greedy decoding only; use temperature=0 or a sampling rule")
+    for drafter in drafters:
+        if getattr(drafter, "greedy_only", False):
+            raise ValueError(f"{drafter!r} drafts for greedy decoding only (e.g. a union with a sampled: tree, whose "
+                             "nodes would lose the q they were drawn from); use temperature=0, a deterministic tree, "
+                             "or the sampling drafter alone")
 
 
 def _check_prompt(input_ids: torch.Tensor) -> torch.Tensor:

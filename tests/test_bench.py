@@ -185,6 +185,13 @@ def test_custom_method_and_unknown_names(target, tokenizer):
         bench.run(target=target, tokenizer=tokenizer, methods=["nope"], prompts=["w3"], max_new_tokens=2)
     with pytest.raises(ValueError, match="draft model"):
         bench.run(target=target, tokenizer=tokenizer, methods=["hf-assisted"], prompts=["w3"], max_new_tokens=2)
+    draft = tiny_causal_lm("llama", seed=1)
+    with pytest.raises(ValueError, match="'leviathan\\+prompt-lookup'.*greedy decoding only"):  # before any timing
+        bench.run(target=target, tokenizer=tokenizer, draft=draft, methods=["leviathan+prompt-lookup"],
+                  prompts=["w3"], max_new_tokens=2, temperature=1.0, tree="sampled:2")
+    with pytest.raises(ValueError, match="'prompt-lookup'.*greedy decoding only"):
+        bench.run(target=target, tokenizer=tokenizer, methods=["prompt-lookup"], prompts=["w3"], max_new_tokens=2,
+                  temperature=1.0, acceptance="greedy")
     assert set(presets.NAMES) <= set(bench.method_names())
     method = bench.build_method("prompt-lookup", bench.MethodContext(target=target, num_draft=3,
                                                                      acceptance="greedy"))

@@ -13,7 +13,7 @@ from specprim.drafters import DraftRequest, ModelDrafter, PromptLookup, TargetFe
 from specprim.presets import from_name, is_name, prompt_lookup, union
 from specprim.sampling import SamplingConfig
 from specprim.testing import two_token_chi_square
-from specprim.trees import Chain, DynamicTree
+from specprim.trees import Chain, DynamicTree, parse_tree
 
 VOCAB = 5
 PROMPT = torch.tensor([[1, 2, 3, 1, 2]])
@@ -150,6 +150,29 @@ class MergesSampledTrees(UnionDrafter):
 def test_the_check_rejects_a_merge_of_a_sampled_tree():
     broken = MergesSampledTrees(ModelDrafter(peaked(1), Chain(1)), PromptLookup(num_tokens=1))
     assert chi_square_p_value(broken) < 1e-6
+
+
+def test_a_union_with_a_sampled_tree_is_refused_before_the_first_step_when_sampling():
+    calls = []
+
+    class CountingLookup(PromptLookup):
+        def propose(self, request):
+            calls.append(request)
+            return super().propose(request)
+
+    sampled_tree = UnionDrafter(ModelDrafter(peaked(1), parse_tree("sampled:2")),
+                                CountingLookup(num_tokens=2))
+    deterministic = UnionDrafter(ModelDrafter(peaked(1), parse_tree("static:2")), PromptLookup(num_tokens=2))
+    assert sampled_tree.greedy_only and not deterministic.greedy_only
+    with pytest.raises(ValueError, match="greedy decoding only"):
+        speculative_generate(TARGET, PROMPT, drafter=sampled_tree, acceptance=SpeculativeSampling(), max_new_tokens=4,
+                             temperature=1.0)
+    assert calls == []  # refused up front, not when the sampled tree is first drafted
+    greedy = speculative_generate(TARGET, PROMPT, drafter=sampled_tree, acceptance=SpeculativeSampling(),
+                                  max_new_tokens=4)
+    assert torch.equal(greedy.sequences, speculative_generate(TARGET, PROMPT, drafter=deterministic,
+                                                              acceptance=Greedy(), max_new_tokens=4).sequences)
+    assert calls  # under greedy decoding the sampled tree drafts top-k, and the union runs
 
 
 def test_presets_join_with_plus(tmp_path):

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from specprim import models, presets
+from specprim._loop import check_decodes
 from specprim.bench._datasets import load_dataset
 from specprim.bench._env import environment, load_average
 from specprim.bench._memory import PeakMemory
@@ -22,6 +23,7 @@ from specprim.bench._results import BenchResults
 from specprim.bench._runner import SEED_STRIDE, measure
 from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
 from specprim.hf._static_target import QUERY_BUCKETS
+from specprim.sampling import SamplingConfig
 from specprim.speedup import CostModel, measure_verify_costs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -73,6 +75,18 @@ def _methods(names: Sequence[str], context: MethodContext,
         else:
             built[name] = method
     return built
+
+
+def _check_decodes(methods: Mapping[str, BenchMethod], decoding: Decoding) -> None:
+    """Refuse, before anything is compiled or timed, a specprim method whose acceptance rule or drafter decodes
+    greedily only when ``decoding`` samples (``ValueError`` naming the method)."""
+    sampling = SamplingConfig(temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p)
+    for name, method in methods.items():
+        if isinstance(method, SpecprimGenerate):
+            try:
+                check_decodes(method.method.acceptance, [method.method.drafter], sampling)
+            except ValueError as error:
+                raise ValueError(f"method {name!r}: {error}") from error
 
 
 def _static_target(model: Model, tokenizer: Any, prompts: Sequence[Prompt], max_new_tokens: int) -> StaticTarget:
@@ -190,6 +204,7 @@ def run(
     method_map = _methods(methods, context, custom or {})
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)
+    _check_decodes(method_map, decoding)
     costs = None
     if predict:
         first = conversation_ids(tokenizer, prompt_list[0].turns[:1], [])

@@ -18,6 +18,9 @@ class Drafter(Protocol):
     indices into Hugging Face's ``output_hidden_states`` (``0`` = embeddings, ``i`` = after layer ``i``,
     ``-1`` = the last entry, after the final norm for most models). The loop then fills
     ``DraftRequest.features``. Drafters without the attribute get ``features=None`` and cost nothing extra.
+
+    A drafter that can draft for greedy decoding only may set ``greedy_only = True`` (optional, like the acceptance
+    rules' flag; the generation loop then refuses it under sampling before the first step).
     """
 
     def propose(self, request: DraftRequest) -> DraftTree:

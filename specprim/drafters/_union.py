@@ -27,7 +27,9 @@ class UnionDrafter:
     :class:`specprim.acceptance.SpeculativeSampling` on deterministic trees, :class:`specprim.acceptance.Greedy`)
     is lossless for any set of distinct candidates chosen independently of the target's draws. Sampled trees are
     refused: their rule depends on the ``q`` each node was drawn from, which a node of the union (shared by several
-    drafters, or drafted by a deterministic one) no longer has.
+    drafters, or drafted by a deterministic one) no longer has. ``greedy_only`` is ``True`` when a drafter's tree
+    builder is known to sample at temperature > 0 (``sampled:`` trees), so the loop refuses that union up front;
+    any other sampled tree is refused when it is drafted.
 
     Features: ``feature_layers`` is the union of the drafters' own (in order of first appearance); each drafter
     gets a request with exactly its own layers, or ``features=None`` if it declares none.
@@ -52,6 +54,13 @@ class UnionDrafter:
         self._layer_index = [[self.feature_layers.index(layer) for layer in own] for own in layers]
         self._maps: list[list[int]] = []  # per drafter: its node i -> merged node
         self._tokens: list[int] = []  # merged node -> token
+
+    @property
+    def greedy_only(self) -> bool:
+        """Whether a drafter's tree builder draws sampled siblings at temperature > 0 (the union can then only
+        decode greedily)."""
+        return any(getattr(getattr(d, "tree", None), "sample_without_replacement", False) or
+                   getattr(d, "greedy_only", False) for d in self.drafters)
 
     def __repr__(self) -> str:
         return f"UnionDrafter({', '.join(map(repr, self.drafters))})"
