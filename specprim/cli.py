@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -11,6 +12,7 @@ import torch
 
 from specprim import models, presets
 from specprim.bench import add_bench_parser
+from specprim.drafters import static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible
 from specprim.speedup._cli import add_tune_parser
 from specprim.train._cli import add_train_parser
@@ -48,16 +50,21 @@ def generate_command(args: argparse.Namespace) -> int:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
     except ValueError as error:
         raise SystemExit(f"specprim generate: {error}") from error
+    if args.draft_vocab is not None and "leviathan" not in args.method.split("+"):
+        raise SystemExit("specprim generate: --draft-vocab applies to --method leviathan (its --draft model) only")
     try:
         method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
-                                   exit_layer=args.exit_layer, tree=args.tree)
+                                   exit_layer=args.exit_layer, tree=args.tree, draft_vocab_size=args.draft_vocab)
     except ValueError as error:
         raise SystemExit(f"specprim generate: {error}") from error
+    ids = chat_input_ids(tokenizer, args.prompt)
     try:
         verifier = StaticTarget(model) if args.static_verify else model
+        if args.static_draft:
+            drafter = static_drafting(method.drafter, min_cache_length=ids.shape[1] + args.max_new_tokens + 64)
+            method = dataclasses.replace(method, drafter=drafter)
     except TypeError as error:
         raise SystemExit(f"specprim generate: {error}") from error
-    ids = chat_input_ids(tokenizer, args.prompt)
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos = tokenizer.eos_token_id
 
@@ -83,6 +90,7 @@ def generate_command(args: argparse.Namespace) -> int:
     stats = out.stats
     weights = (f", {args.quantize} weights" if args.quantize else "") + (", packed" if args.pack else "")
     weights += (", compiled" if args.compile else "") + (", static compiled verification" if args.static_verify else "")
+    weights += ", static compiled drafting" if args.static_draft else ""
     print(f"method {args.method} | target {args.target} ({args.dtype}{weights}) | new tokens {len(new_ids)} | "
           f"steps {stats.steps} | tau {stats.tau:.2f} (mean accepted length, bonus token included)")
     line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate {plain_rate:.1f} tok/s | "
@@ -112,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--method", type=_method_name, default="prompt-lookup",
                      help=f"one of {', '.join(presets.NAMES)}, or several joined by '+' (drafting together)")
     gen.add_argument("--draft", help="draft model for --method leviathan")
+    gen.add_argument("--draft-vocab", type=int, help=presets.DRAFT_VOCAB_HELP)
     gen.add_argument("--head", help="trained head directory for --method medusa / eagle / eagle3 / mtp")
     gen.add_argument("--exit-layer", type=int, help="exit layer for --method early-exit (default: half the layers)")
     gen.add_argument("--prompt", required=True)
@@ -130,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pre-pack the bfloat16 models' linears for oneDNN on CPU (the plain baseline runs them too)")
     gen.add_argument("--compile", action="store_true",
                      help="torch.compile the models' forward (not with --pack; the first calls compile for minutes)")
+    gen.add_argument("--static-draft", action="store_true",
+                     help="draft through static, compiled draft models (draft LMs, EAGLE heads; compiles first)")
     gen.add_argument("--static-verify", action="store_true",
                      help="verify with a static KV cache and padded trees, torch.compiled with static shapes "
                           "(specprim.hf.StaticTarget; compiles during the warm-up)")

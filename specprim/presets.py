@@ -31,6 +31,7 @@ from specprim.drafters import (
     TreeDrafter,
     UnionDrafter,
     eagle_drafter,
+    lm_draft_vocab,
 )
 from specprim.hf import num_layers
 from specprim.models._heads import head_path, known_heads
@@ -58,9 +59,18 @@ class Method:
         return speculative_generate(target, input_ids, drafter=self.drafter, acceptance=acceptance, **kwargs)
 
 
-def leviathan(draft_model: torch.nn.Module, k: int = 4, tree: TreeBuilder | None = None) -> Method:
-    """An independent small LM drafting a chain of ``k`` (Leviathan et al., 2023), or any ``tree``."""
-    return Method(ModelDrafter(draft_model, tree=tree or Chain(k)), SpeculativeSampling())
+DRAFT_VOCAB_HELP = ("restrict leviathan's --draft model to this many token ids (its special ids plus the smallest "
+                    "others; only those LM-head rows are computed)")
+
+
+def leviathan(
+    draft_model: torch.nn.Module, k: int = 4, tree: TreeBuilder | None = None, draft_vocab_size: int | None = None
+) -> Method:
+    """An independent small LM drafting a chain of ``k`` (Leviathan et al., 2023), or any ``tree``;
+    ``draft_vocab_size`` restricts it to that many ids (:func:`specprim.drafters.lm_draft_vocab`: the special ids
+    plus the smallest others)."""
+    d2t = None if draft_vocab_size is None else lm_draft_vocab(draft_model, draft_vocab_size)
+    return Method(ModelDrafter(draft_model, tree=tree or Chain(k), d2t=d2t), SpeculativeSampling())
 
 
 def prompt_lookup(num_tokens: int = 8, max_matches: int = 4, max_ngram: int = 3) -> Method:
@@ -129,13 +139,15 @@ def from_name(
     num_draft: int | None = None,
     exit_layer: int | None = None,
     tree: TreeBuilder | str | None = None,
+    draft_vocab_size: int | None = None,
 ) -> Method:
     """Build the preset called ``name`` (see :data:`NAMES`) for ``target``, as command-line tools do.
 
     ``draft`` is the draft model for ``"leviathan"``; ``head`` a directory saved by a head's
     ``save_pretrained``, or a shipped head's name (:func:`specprim.models.known_heads`), for ``"medusa"``,
     ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the draft length of chain presets;
-    ``exit_layer`` the early-exit layer (default: half the target's layers); ``tree`` replaces the preset's tree
+    ``exit_layer`` the early-exit layer (default: half the target's layers); ``draft_vocab_size`` a reduced
+    vocabulary for the draft model of ``"leviathan"`` (see :func:`leviathan`); ``tree`` replaces the preset's tree
     shape (a builder or a spec string for :func:`specprim.trees.parse_tree`, e.g. one chosen by ``specprim tune``).
     A name of presets joined by ``+`` (``"eagle3+prompt-lookup"``) builds each with the same options and returns
     their :func:`union`; ``tree`` then shapes the parts that draft with a tree, and a prompt-lookup part drafts
@@ -145,7 +157,7 @@ def from_name(
     """
     if not is_name(name):
         raise ValueError(f"unknown method {name!r}; known: {list(NAMES)}, or distinct ones joined by '+'")
-    options = _Options(target, draft, head, num_draft, exit_layer)
+    options = _Options(target, draft, head, num_draft, exit_layer, draft_vocab_size)
     parts = name.split("+")
     builders = _BY_NAME if len(parts) == 1 else {**_BY_NAME, "prompt-lookup": _union_prompt_lookup}
     methods = [builders[part](options) for part in parts]
@@ -174,6 +186,7 @@ class _Options:
     head: str | None
     num_draft: int | None
     exit_layer: int | None
+    draft_vocab_size: int | None
 
     def require_draft(self, name: str) -> torch.nn.Module:
         if self.draft is None:
@@ -202,7 +215,7 @@ def _early_exit_by_name(o: _Options) -> Method:
 
 
 _BY_NAME: dict[str, Callable[[_Options], Method]] = {
-    "leviathan": lambda o: leviathan(o.require_draft("leviathan"), k=o.length(4)),
+    "leviathan": lambda o: leviathan(o.require_draft("leviathan"), k=o.length(4), draft_vocab_size=o.draft_vocab_size),
     "prompt-lookup": lambda o: prompt_lookup(num_tokens=o.length(8)),
     "early-exit": _early_exit_by_name,
     "medusa": lambda o: medusa(MedusaHeads.from_pretrained(o.require_head("medusa"), o.target)),

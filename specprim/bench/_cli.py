@@ -9,6 +9,7 @@ from pathlib import Path
 from specprim.bench._datasets import DATASETS, DatasetFetchError
 from specprim.bench._run import DTYPES, run
 from specprim.models import QUANTIZE_SCHEMES
+from specprim.presets import DRAFT_VOCAB_HELP
 from specprim.trees._spec import SPEC_HELP
 
 _REQUIRED = ("target", "method", "max_new_tokens")
@@ -46,10 +47,14 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     bench.add_argument("--static-verify", action="store_true",
                        help="specprim methods verify with a static KV cache and padded trees, torch.compiled with "
                             "static shapes (compiles in the warm-up); hf modes keep model.generate")
+    bench.add_argument("--static-draft", action="store_true",
+                       help="specprim methods draft through static, compiled draft models (draft LMs, EAGLE heads; "
+                            "compiled before the warm-up); hf-assisted keeps the draft's own forward")
     bench.add_argument("--warmup-tokens", type=int, default=8,
                        help="tokens each method generates on the first prompt before timing (default 8)")
     bench.add_argument("--draft", help="draft model for leviathan and hf-assisted")
     bench.add_argument("--draft-quantize", choices=QUANTIZE_SCHEMES, help="weight-only quantize the --draft model")
+    bench.add_argument("--draft-vocab", type=int, help=DRAFT_VOCAB_HELP)
     bench.add_argument("--num-draft", type=int, help="draft tokens per step (default: each method's own)")
     bench.add_argument("--head", type=Path, help="head directory for medusa, eagle, eagle3, mtp (passed as head=)")
     bench.add_argument("--exit-layer", type=int, help="layer the early-exit preset drafts from")
@@ -81,10 +86,12 @@ def bench_command(args: argparse.Namespace) -> int:
             num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
             temperature=args.temperature,
             top_k=args.top_k, top_p=args.top_p, dtype=args.dtype, quantize=args.quantize, pack=args.pack,
-            compile=args.compile, static_verify=args.static_verify, warmup_tokens=args.warmup_tokens,
+            compile=args.compile, static_verify=args.static_verify,
+            static_draft=args.static_draft, warmup_tokens=args.warmup_tokens,
             draft=args.draft,
             draft_quantize=args.draft_quantize, num_draft=args.num_draft,
             head=args.head, exit_layer=args.exit_layer, tree=args.tree, acceptance=args.acceptance,
+            draft_vocab=args.draft_vocab,
             repeats=args.repeats, predict=args.predict,
             seed=args.seed, json_path=args.json,
             plot_dir=args.plot, progress=sys.stderr.isatty(),

@@ -21,6 +21,7 @@ from specprim.bench._prompts import Prompt, conversation_ids, read_prompts
 from specprim.bench._report import heading
 from specprim.bench._results import BenchResults
 from specprim.bench._runner import SEED_STRIDE, measure
+from specprim.drafters import static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
 from specprim.hf._static_target import QUERY_BUCKETS
 from specprim.sampling import SamplingConfig
@@ -89,13 +90,21 @@ def _check_decodes(methods: Mapping[str, BenchMethod], decoding: Decoding) -> No
                 raise ValueError(f"method {name!r}: {error}") from error
 
 
-def _static_target(model: Model, tokenizer: Any, prompts: Sequence[Prompt], max_new_tokens: int) -> StaticTarget:
-    """One compiled :class:`StaticTarget` for the run, its cache long enough for every conversation (each user turn
-    rendered alone, an upper bound, plus ``max_new_tokens`` per answer), so that it does not grow, and recompile,
-    during the timed runs."""
+def _cache_length(tokenizer: Any, prompts: Sequence[Prompt], max_new_tokens: int) -> int:
+    """A static cache length long enough for every conversation (each user turn rendered alone, an upper bound, plus
+    ``max_new_tokens`` per answer, plus the largest padded tree), so that no cache grows, and recompiles, during the
+    timed runs."""
     longest = max(sum(conversation_ids(tokenizer, [turn], []).shape[1] + max_new_tokens for turn in p.turns)
                   for p in prompts)
-    return StaticTarget(model, min_cache_length=longest + QUERY_BUCKETS[-1])
+    return longest + QUERY_BUCKETS[-1]
+
+
+def _drafting_statically(methods: dict[str, BenchMethod], cache_length: int) -> dict[str, BenchMethod]:
+    """``methods`` with every specprim method's draft models switched to static, compiled ones
+    (:func:`specprim.drafters.static_drafting`; compiles here, before anything is timed)."""
+    return {name: dataclasses.replace(method, method=dataclasses.replace(
+                method.method, drafter=static_drafting(method.method.drafter, min_cache_length=cache_length)))
+            if isinstance(method, SpecprimGenerate) else method for name, method in methods.items()}
 
 
 def run(
@@ -116,11 +125,13 @@ def run(
     pack: bool = False,
     compile: bool = False,  # noqa: A002 - the option's name on the command line
     static_verify: bool = False,
+    static_draft: bool = False,
     draft: str | os.PathLike[str] | Model | None = None,
     draft_quantize: str | None = None,
     num_draft: int | None = None,
     head: str | os.PathLike[str] | None = None,
     exit_layer: int | None = None,
+    draft_vocab: int | None = None,
     tree: str | None = None,
     acceptance: str | None = None,
     repeats: int = 1,
@@ -155,11 +166,16 @@ def run(
         static_verify: every specprim method verifies through one shared :class:`specprim.hf.StaticTarget` (static
             KV cache, trees padded to a few sizes, ``torch.compile``d with static shapes; compiles in the warm-up,
             about 75 s per tree-size bucket on 2 cores); the Hugging Face modes keep ``model.generate``.
+        static_draft: every specprim method drafts through static, compiled draft models where it has them (draft
+            language models and EAGLE heads, :func:`specprim.drafters.static_drafting`; compiled before the
+            warm-up); ``hf-assisted`` keeps the draft model's own forward.
         draft: the draft model (name, path or model) for ``leviathan`` and ``hf-assisted``; loaded in ``dtype``.
         draft_quantize: like ``quantize``, for the draft model.
         num_draft: the preset's draft length.
         head: a head checkpoint directory, passed to ``presets.from_name`` as ``head=`` (only when given).
         exit_layer: an early-exit layer, passed to ``presets.from_name`` as ``exit_layer=`` (only when given).
+        draft_vocab: a reduced vocabulary size for the draft model of ``leviathan`` (``draft_vocab_size=``; only when
+            given, and only with ``draft``); ``hf-assisted`` keeps the whole draft model.
         tree: a tree spec (:func:`specprim.trees.parse_tree`) replacing the presets' shapes (only when given).
         acceptance: an acceptance rule name replacing the preset's (see ``ACCEPTANCE``).
         repeats: times every (prompt, method) pair is measured; ``seed`` seeds everything (see ``SEED_STRIDE``).
@@ -180,6 +196,8 @@ def run(
     for name, scheme in (("quantize", quantize), ("draft_quantize", draft_quantize)):
         if scheme is not None and scheme not in models.QUANTIZE_SCHEMES:
             raise ValueError(f"{name} must be None or one of {list(models.QUANTIZE_SCHEMES)}, got {scheme!r}")
+    if draft_vocab is not None and not any("leviathan" in name.split("+") for name in methods):
+        raise ValueError("draft_vocab applies to the leviathan method's draft model only; no method uses it")
     torch.manual_seed(seed)
     prompt_list, label = resolve_prompts(dataset, prompts, num_prompts)
     if turns is not None:
@@ -196,12 +214,15 @@ def run(
         if draft_tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
     options = {key: value for key, value in (("head", None if head is None else str(head)),
-                                              ("exit_layer", exit_layer), ("tree", tree)) if value is not None}
+                                              ("exit_layer", exit_layer), ("tree", tree),
+                                              ("draft_vocab_size", draft_vocab)) if value is not None}
+    cache_length = _cache_length(tokenizer, prompt_list, max_new_tokens)
     context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
                             preset_options=options, target_name=target if isinstance(target, str) else None,
-                            verifier=_static_target(model, tokenizer, prompt_list, max_new_tokens) if static_verify
-                            else None)
+                            verifier=StaticTarget(model, min_cache_length=cache_length) if static_verify else None)
     method_map = _methods(methods, context, custom or {})
+    if static_draft:
+        method_map = _drafting_statically(method_map, cache_length)
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)
     _check_decodes(method_map, decoding)
@@ -218,12 +239,13 @@ def run(
         "target": str(target) if not isinstance(target, Model) else type(target).__name__,
         "dtype": str(model.get_input_embeddings().weight.dtype).removeprefix("torch."), "quantize": quantize,
         "pack": pack, "compile": compile, "static_verify": static_verify,
+        "static_draft": static_draft,
         "device": str(input_device(model)), "dataset": label, "num_prompts": len(prompt_list),
         "prompt_ids": [p.id for p in prompt_list], "methods": list(method_map), "max_new_tokens": max_new_tokens,
         "turns": turns, "temperature": temperature, "top_k": top_k, "top_p": top_p, "repeats": repeats,
         "draft": None if draft is None else (str(draft) if not isinstance(draft, Model) else type(draft).__name__),
         "draft_quantize": draft_quantize, "num_draft": num_draft, "head": None if head is None else str(head),
-        "exit_layer": exit_layer,
+        "exit_layer": exit_layer, "draft_vocab": draft_vocab,
         "tree": tree, "acceptance": acceptance, "predict": predict,
         "warmup_tokens": warmup_tokens, "eos_token_id": tokenizer.eos_token_id,
     }

@@ -9,14 +9,16 @@ from specprim.drafters._base import Drafter
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
 from specprim.drafters._eagle_export import export_eagle3, import_eagle
 from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
-from specprim.drafters._eagle_static import StaticEagleDraftModel, static_drafting
+from specprim.drafters._eagle_static import StaticEagleDraftModel
 from specprim.drafters._early_exit import EarlyExit
 from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHeads, default_medusa_tree
-from specprim.drafters._model import ModelDrafter
+from specprim.drafters._model import ModelDrafter, lm_draft_vocab
 from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
 from specprim.drafters._prompt_lookup import PromptLookup
+from specprim.drafters._static import static_drafting
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
+from specprim.drafters._vocab import count_tokens, draft_vocab
 
 __all__ = [
     "DraftRequest",
@@ -38,10 +40,13 @@ __all__ = [
     "TargetFeatures",
     "TreeDrafter",
     "UnionDrafter",
+    "count_tokens",
     "default_feature_layers",
+    "draft_vocab",
     "default_medusa_tree",
     "static_drafting",
     "eagle_drafter",
     "export_eagle3",
     "import_eagle",
+    "lm_draft_vocab",
 ]

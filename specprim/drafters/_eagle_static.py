@@ -9,11 +9,8 @@ import torch
 from transformers import StaticCache
 
 from specprim._types import DraftRequest
-from specprim.drafters._base import Drafter
 from specprim.drafters._eagle_draft import EagleDraftModel
 from specprim.drafters._eagle_head import EagleHead
-from specprim.drafters._tree_drafter import TreeDrafter
-from specprim.drafters._union import UnionDrafter
 from specprim.hf._static_target import (
     QUERY_BUCKETS,
     compiled_settings,
@@ -24,7 +21,7 @@ from specprim.hf._static_target import (
 )
 from specprim.masks import additive_mask, tree_extension_mask
 
-__all__ = ["StaticEagleDraftModel", "static_drafting"]
+__all__ = ["StaticEagleDraftModel"]
 
 
 class StaticEagleDraftModel(EagleDraftModel):
@@ -156,21 +153,3 @@ class StaticEagleDraftModel(EagleDraftModel):
             weight = self.head.fc.weight
             self.cache = grown_cache(self.head.layer_config, self.cache, length, keep, dtype=weight.dtype,
                                      device=weight.device)
-
-
-def static_drafting(drafter: Drafter, *, compile: bool = True, min_cache_length: int = 0) -> Drafter:  # noqa: A002
-    """``drafter`` with every EAGLE part drafting through a :class:`StaticEagleDraftModel` (a ``TreeDrafter`` over an
-    :class:`EagleDraftModel`, alone or inside a :class:`UnionDrafter`); other drafters are returned as they are.
-
-    With ``compile=True`` the new models compile their padded sizes up to 16 here (:meth:`compile_sizes`), so give
-    ``min_cache_length`` >= the longest prompt plus its budget plus 64. The heads are shared, not copied.
-    """
-    if isinstance(drafter, UnionDrafter):
-        return UnionDrafter(*(static_drafting(part, compile=compile, min_cache_length=min_cache_length)
-                              for part in drafter.drafters))
-    if isinstance(drafter, TreeDrafter) and type(drafter.model) is EagleDraftModel:
-        model = StaticEagleDraftModel(drafter.model.head, compile=compile, min_cache_length=min_cache_length)
-        if compile:
-            model.compile_sizes()
-        return TreeDrafter(model, drafter.tree)
-    return drafter

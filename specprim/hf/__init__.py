@@ -2,6 +2,7 @@
 
 from specprim.hf._batched_target import BatchedHFTarget
 from specprim.hf._draft_lm import LMDraftModel
+from specprim.hf._static_draft_lm import StaticLMDraftModel
 from specprim.hf._static_target import StaticTarget, query_bucket
 from specprim.hf._target import (
     HFTarget,
@@ -18,6 +19,7 @@ __all__ = [
     "BatchedHFTarget",
     "HFTarget",
     "LMDraftModel",
+    "StaticLMDraftModel",
     "StaticTarget",
     "check_causal_lm",
     "check_tokenizers_compatible",

@@ -4,11 +4,16 @@ nodes drafted with a 4D tree mask."""
 from __future__ import annotations
 
 import torch
+from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specprim._types import DraftRequest
 from specprim.hf._target import _cache_kwarg, check_causal_lm, input_device, vocab_size
 from specprim.masks import additive_mask, tree_extension_mask
+from specprim.models._pack import PackedLinear
+
+SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config attributes of models whose logits are not the plain LM head's output (no reduced draft vocabulary)."""
 
 
 class LMDraftModel:
@@ -22,9 +27,19 @@ class LMDraftModel:
     Vocabularies: a draft vocabulary smaller than the target's (a prefix of it) is padded with ``-inf`` logits,
     and committed tokens the draft does not know are fed as ``unknown_token_id`` (default: the config's pad or
     EOS id); a larger draft vocabulary raises ``ValueError``. Batch size 1.
+
+    Reduced draft vocabulary: with ``d2t`` (V_d,) (sorted target ids, see :func:`specprim.drafters.draft_vocab`),
+    only those rows of the LM head are computed (a copy of them, packed like the model's own head), and every
+    other id gets ``-inf``: the draft can never propose it, and its distribution is the softmax over ``d2t``
+    (renormalised), which is what it reports as ``q``. It saves the LM head's other rows per draft step: for
+    Qwen2.5-0.5B, whose 151,936-row head is about a quarter of its weights, that is most of the gain. Models
+    whose logits are scaled after the head (:data:`SCALED_LOGITS`) raise ``ValueError``. Only the last
+    position's logits are computed when ``begin`` feeds several tokens.
     """
 
-    def __init__(self, model: PreTrainedModel, unknown_token_id: int | None = None) -> None:
+    def __init__(
+        self, model: PreTrainedModel, unknown_token_id: int | None = None, d2t: torch.Tensor | None = None
+    ) -> None:
         check_causal_lm(model)
         self.model = model
         self.device = input_device(model)
@@ -39,12 +54,42 @@ class LMDraftModel:
         self._scratch_parents: list[int] = []
         self._scratch_depths: list[int] = []
         self._target_vocab = self.vocab_size
+        self.d2t: torch.Tensor | None = None
+        self._head: nn.Module | None = None  # (..., H) -> (..., V_d) with d2t
+        if d2t is not None:
+            from specprim.drafters._vocab import check_d2t  # here: specprim.drafters imports this module
+
+            check_d2t(d2t, self.vocab_size)
+            self.d2t = d2t.to(self.device)
+            self._head = restricted_head(model, self.d2t)
 
     def __repr__(self) -> str:
         return f"LMDraftModel({type(self.model).__name__})"
 
     @torch.no_grad()
     def begin(self, request: DraftRequest) -> torch.Tensor:
+        ids = self._start(request)  # (T,)
+        shared = self._shared_prefix(ids)
+        if self._cache is None or shared == 0:
+            self._cache = DynamicCache(config=self.model.config)
+            self._committed = ids.new_empty(0)
+        elif shared < len(self._committed):
+            self._cache.crop(shared - len(self._committed))
+            self._committed = self._committed[:shared]
+        logits = self._forward(ids[shared:], attention_mask=None, position_ids=None, last_only=True)  # (1, 1, V_d)
+        self._committed = torch.cat([self._committed, ids[shared:]])
+        return self._to_target_vocab(logits[:, -1])  # (1, V)
+
+    @torch.no_grad()
+    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        assert self._cache is not None, "call begin() first"
+        allowed, positions = self._add_scratch(parents)  # (M, context + S), (M,)
+        mask = additive_mask(allowed, dtype=self.model.get_input_embeddings().weight.dtype, device=self.device)
+        logits = self._forward(tokens[0].to(self.device), mask, positions[None].to(self.device))
+        return self._to_target_vocab(logits)  # (1, M, V)
+
+    def _start(self, request: DraftRequest) -> torch.Tensor:
+        """Check ``request``, drop the scratch nodes; the committed tokens (T,) on the draft's device."""
         ids = request.input_ids
         if ids.shape[0] != 1:
             raise ValueError("draft language models draft for batch size 1")
@@ -54,21 +99,11 @@ class LMDraftModel:
             )
         self._target_vocab = request.vocab_size
         self._drop_scratch()
-        ids = ids[0].to(self.device)  # (T,)
-        shared = self._shared_prefix(ids)
-        if self._cache is None or shared == 0:
-            self._cache = DynamicCache(config=self.model.config)
-            self._committed = ids.new_empty(0)
-        elif shared < len(self._committed):
-            self._cache.crop(shared - len(self._committed))
-            self._committed = self._committed[:shared]
-        logits = self._forward(ids[shared:], attention_mask=None, position_ids=None)  # (1, n, V_draft)
-        self._committed = torch.cat([self._committed, ids[shared:]])
-        return self._to_target_vocab(logits[:, -1])  # (1, V)
+        return ids[0].to(self.device)
 
-    @torch.no_grad()
-    def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        assert self._cache is not None, "call begin() first"
+    def _add_scratch(self, parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Record ``parents`` (M,) of new scratch nodes; their attention (M, context + S) bool over the committed
+        tokens and every scratch node (``S`` counting the new ones), and their positions (M,) long."""
         new_parents = [int(x) for x in parents.tolist()]
         before = len(self._scratch_parents)
         for parent in new_parents:
@@ -78,11 +113,12 @@ class LMDraftModel:
             self._scratch_parents.append(parent)
         context = len(self._committed)  # committed tokens, root included
         allowed = tree_extension_mask(self._scratch_parents, len(new_parents), context)  # (M, context + S)
-        mask = additive_mask(allowed, dtype=self.model.get_input_embeddings().weight.dtype, device=self.device)
         depths = torch.tensor(self._scratch_depths[before:], dtype=torch.long)
-        positions = (context - 1 + depths)[None].to(self.device)  # (1, M) root position + depth
-        logits = self._forward(tokens[0].to(self.device), mask, positions)
-        return self._to_target_vocab(logits)  # (1, M, V)
+        return allowed, context - 1 + depths  # root position + depth
+
+    def _known(self, ids: torch.Tensor) -> torch.Tensor:
+        """``ids`` with the ids the draft does not know replaced by ``unknown_token_id``."""
+        return torch.where(ids < self.vocab_size, ids, self.unknown_token_id)
 
     def _drop_scratch(self) -> None:
         if self._cache is not None and self._scratch_parents:
@@ -98,17 +134,48 @@ class LMDraftModel:
         return int(same.cumprod(0).sum())
 
     def _forward(
-        self, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None
+        self, ids: torch.Tensor, attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+        *, last_only: bool = False,
     ) -> torch.Tensor:
-        """(n,) ids -> (1, n, V_draft) float32 logits; ids the draft does not know become ``unknown_token_id``."""
-        known = torch.where(ids < self.vocab_size, ids, self.unknown_token_id)
-        out = self.model(
-            input_ids=known[None], attention_mask=attention_mask, position_ids=position_ids, use_cache=True,
-            **{self._cache_kwarg: self._cache},
-        )
-        return out.logits.float()
+        """(n,) ids -> (1, n, V_d) float32 logits (``last_only``: (1, 1, V_d), the last position's); ids the draft
+        does not know become ``unknown_token_id``. ``V_d`` is the draft model's vocabulary, or ``len(d2t)``."""
+        inputs = {"input_ids": self._known(ids)[None], "attention_mask": attention_mask, "position_ids": position_ids,
+                  "use_cache": True, self._cache_kwarg: self._cache}
+        if self._head is None:
+            return self.model(**inputs, logits_to_keep=1 if last_only else 0).logits.float()
+        hidden = self.model.base_model(**inputs).last_hidden_state  # (1, n, H)
+        return self._head(hidden[:, -1:] if last_only else hidden).float()
 
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """(..., V_draft) -> (..., V_target), ``-inf`` on ids the draft does not have."""
+        """(..., V_d) -> (..., V_target), ``-inf`` on ids the draft does not have."""
+        if self.d2t is not None:
+            from specprim.drafters._vocab import scatter_to_target
+
+            return scatter_to_target(logits, self.d2t, self._target_vocab)
         missing = self._target_vocab - logits.shape[-1]
         return torch.nn.functional.pad(logits, (0, missing), value=float("-inf")) if missing else logits
+
+
+def restricted_head(model: PreTrainedModel, d2t: torch.Tensor) -> nn.Module:
+    """An (..., H) -> (..., V_d) linear layer holding the rows ``d2t`` (V_d,) of ``model``'s LM head (copied, so a
+    tied embedding is untouched), a :class:`specprim.models.PackedLinear` when the model's head is one.
+
+    ``ValueError`` for models that scale their logits after the head (:data:`SCALED_LOGITS`), ``TypeError`` for a
+    head that is not a linear layer."""
+    config = model.config.get_text_config()
+    scaled = [name for name in SCALED_LOGITS if getattr(config, name, None) not in (None, 1, 1.0)]
+    if scaled:
+        raise ValueError(f"{type(model).__name__} scales its logits after the LM head ({scaled[0]}); a reduced "
+                         "draft vocabulary supports plain linear heads only")
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear | PackedLinear):
+        raise TypeError(f"a reduced draft vocabulary needs a linear LM head, got {type(head).__name__}")
+    weight = head.weight.detach()  # (V, H)
+    rows = nn.Linear(weight.shape[1], d2t.numel(), bias=head.bias is not None, device=weight.device,
+                     dtype=weight.dtype)
+    with torch.no_grad():
+        rows.weight.copy_(weight[d2t.to(weight.device)])
+        if head.bias is not None:
+            rows.bias.copy_(head.bias.detach()[d2t.to(weight.device)])
+    rows.requires_grad_(False)
+    return PackedLinear(rows) if isinstance(head, PackedLinear) else rows

@@ -65,6 +65,10 @@ class StaticTarget(ModelRunner):
     ``StaticTarget`` per model for a whole run, and give it ``min_cache_length`` >= the longest prompt plus its
     budget: a cache that grows mid-run changes the shapes, and every padded size compiles again.
 
+    :meth:`forward_nodes` is the general step under :meth:`verify` (any tokens, positions and attention over the
+    cache), and ``head`` replaces the LM head that scores the last hidden states (default: the model's own; a
+    drafter passes a reduced-vocabulary head): :class:`StaticLMDraftModel` drafts through both.
+
     Guarantees: with ``compile=False`` it computes what :class:`HFTarget` computes (greedy outputs equal
     ``model.generate``'s in fp32, tested); compiled, it computes the same function up to floating-point rounding,
     and speculative decoding stays lossless with respect to the compiled verifier.
@@ -75,10 +79,12 @@ class StaticTarget(ModelRunner):
     """
 
     def __init__(
-        self, model: PreTrainedModel, *, compile: bool = True, min_cache_length: int = 0  # noqa: A002 - option name
+        self, model: PreTrainedModel, *, compile: bool = True, min_cache_length: int = 0,  # noqa: A002 - option name
+        head: torch.nn.Module | None = None,
     ) -> None:
         super().__init__(model)
         self.min_cache_length = min_cache_length
+        self.head = model.get_output_embeddings() if head is None else head  # (..., H) -> (..., V) logits
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (padded size, feature layers) verified so far
         self.decoder = _llama_style_decoder(model)
         self.compiled = compile
@@ -129,26 +135,48 @@ class StaticTarget(ModelRunner):
         """
         if tree.batch_size != 1:
             raise ValueError(f"StaticTarget verifies one tree at a time, got a batch of {tree.batch_size}")
-        self._check_feature_layers(feature_layers)
-        real = 1 + tree.num_nodes
-        padded = query_bucket(real)
-        self.check_length(self.past_length + real)
-        self._reserve(self.past_length + padded, keep=self.past_length)
         past = self.past_length
-        ids = torch.zeros(1, padded, dtype=torch.long, device=self.device)  # (1, Q)
-        ids[0, 0] = root.reshape(-1)[0]
-        ids[0, 1:real] = tree.tokens[0]
-        positions = torch.full((padded,), past, dtype=torch.long)  # (Q,), padding rows at the root's position
-        positions[1:real] = tree_position_ids(tree.parents.cpu(), offset=past)
+        real = 1 + tree.num_nodes
+        tokens = torch.cat([root.reshape(-1)[:1].to(self.device), tree.tokens[0].to(self.device)])  # (N + 1,)
+        positions = torch.full((real,), past, dtype=torch.long)  # (N + 1,)
+        positions[1:] = tree_position_ids(tree.parents.cpu(), offset=past)
         allowed = torch.zeros(real, past + real, dtype=torch.bool)  # (N + 1, past + N + 1)
         allowed[:, : past + 1] = True  # prefix and root
         allowed[1:, past + 1 :] = tree_attention_mask(tree.parents.cpu(), device="cpu")
-        allowed = padded_mask(allowed, padded, self.cache_length, past)  # (Q, L)
+        return self.forward_nodes(tokens, positions, allowed, feature_layers)
+
+    @torch.no_grad()
+    def forward_nodes(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, feature_layers: tuple[int, ...] = ()
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """Run ``n`` tokens in one forward of :func:`query_bucket` ``(n)`` padded tokens, writing their KV entries at
+        cache slots ``past_length .. past_length + n - 1`` (``past_length`` itself is not moved: see :meth:`commit`).
+
+        Args:
+            tokens: (n,) long.
+            positions: (n,) long position ids.
+            allowed: (n, past_length + n) bool, the cache slots each token attends to (its own included).
+            feature_layers: indices into ``output_hidden_states`` to return.
+        Returns:
+            logits: (1, n, V) float32 (``V`` the ``head``'s outputs); hidden: one (1, n, H) tensor per feature layer.
+        """
+        self._check_feature_layers(feature_layers)
+        real, past = tokens.shape[0], self.past_length
+        if allowed.shape != (real, past + real):
+            raise ValueError(f"allowed must have shape ({real}, {past + real}), got {tuple(allowed.shape)}")
+        padded = query_bucket(real)
+        self.check_length(past + real)
+        self._reserve(past + padded, keep=past)
+        ids = torch.zeros(1, padded, dtype=torch.long, device=self.device)  # (1, Q)
+        ids[0, :real] = tokens
+        padded_positions = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,), padding rows anywhere
+        padded_positions[:real] = positions.cpu()
+        allowed = padded_mask(allowed.cpu(), padded, self.cache_length, past)  # (Q, L)
         self._write_from(past)
         self._shapes.add((padded, tuple(feature_layers)))
         with self._compiling():
             logits, hidden = self._forward_layers(
-                ids, positions.view(1, -1).to(self.device), self._mask(allowed), feature_layers
+                ids, padded_positions.view(1, -1).to(self.device), self._mask(allowed), feature_layers
             )
         return logits[:, :real].float(), tuple(h[:, :real] for h in hidden)
 
@@ -206,7 +234,7 @@ class StaticTarget(ModelRunner):
                 **{self._layer_cache_kwarg: self.cache},
             )
             states.append(decoder.norm(hidden) if index == last else hidden)
-        logits = self.model.get_output_embeddings()(states[-1])  # (1, Q, V)
+        logits = self.head(states[-1])  # (1, Q, V)
         return logits, tuple(states[i] for i in feature_layers)
 
     def _compiling(self) -> contextlib.AbstractContextManager[None]:
