@@ -221,11 +221,11 @@ def run(
                             preset_options=options, target_name=target if isinstance(target, str) else None,
                             verifier=StaticTarget(model, min_cache_length=cache_length) if static_verify else None)
     method_map = _methods(methods, context, custom or {})
-    if static_draft:
-        method_map = _drafting_statically(method_map, cache_length)
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)
     _check_decodes(method_map, decoding)
+    if static_draft:
+        method_map = _drafting_statically(method_map, cache_length)
     costs = None
     if predict:
         first = conversation_ids(tokenizer, prompt_list[0].turns[:1], [])
