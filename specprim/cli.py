@@ -14,6 +14,7 @@ from specprim import models, presets
 from specprim.bench import add_bench_parser
 from specprim.drafters import static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible
+from specprim.hf._static_target import QUERY_BUCKETS
 from specprim.speedup._cli import add_tune_parser
 from specprim.train._cli import add_train_parser
 from specprim.trees._spec import SPEC_HELP
@@ -50,7 +51,7 @@ def generate_command(args: argparse.Namespace) -> int:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
     except ValueError as error:
         raise SystemExit(f"specprim generate: {error}") from error
-    if args.draft_vocab is not None and "leviathan" not in args.method.split("+"):
+    if args.draft_vocab is not None and not presets.drafts_with_a_draft_model(args.method):
         raise SystemExit("specprim generate: --draft-vocab applies to --method leviathan (its --draft model) only")
     try:
         method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
@@ -61,7 +62,8 @@ def generate_command(args: argparse.Namespace) -> int:
     try:
         verifier = StaticTarget(model) if args.static_verify else model
         if args.static_draft:
-            drafter = static_drafting(method.drafter, min_cache_length=ids.shape[1] + args.max_new_tokens + 64)
+            cache_length = ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1]
+            drafter = static_drafting(method.drafter, min_cache_length=cache_length)
             method = dataclasses.replace(method, drafter=drafter)
     except TypeError as error:
         raise SystemExit(f"specprim generate: {error}") from error

@@ -119,6 +119,12 @@ def union(*methods: Method) -> Method:
     return Method(UnionDrafter(*(m.drafter for m in methods)), methods[0].acceptance)
 
 
+def drafts_with_a_draft_model(name: str) -> bool:
+    """Whether the method called ``name`` (one preset or several joined by ``+``) has a ``leviathan`` part, the
+    one that takes ``draft_vocab_size``."""
+    return "leviathan" in name.split("+")
+
+
 def is_name(name: str) -> bool:
     """Whether :func:`from_name` knows ``name``: one of :data:`NAMES`, or several distinct ones joined by ``+``."""
     parts = name.split("+")

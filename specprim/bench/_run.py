@@ -196,7 +196,7 @@ def run(
     for name, scheme in (("quantize", quantize), ("draft_quantize", draft_quantize)):
         if scheme is not None and scheme not in models.QUANTIZE_SCHEMES:
             raise ValueError(f"{name} must be None or one of {list(models.QUANTIZE_SCHEMES)}, got {scheme!r}")
-    if draft_vocab is not None and not any("leviathan" in name.split("+") for name in methods):
+    if draft_vocab is not None and not any(map(presets.drafts_with_a_draft_model, methods)):
         raise ValueError("draft_vocab applies to the leviathan method's draft model only; no method uses it")
     torch.manual_seed(seed)
     prompt_list, label = resolve_prompts(dataset, prompts, num_prompts)

@@ -79,7 +79,7 @@ class StaticLMDraftModel(LMDraftModel):
             allowed = torch.ones(size, 1 + size, dtype=torch.bool).tril(diagonal=1)  # (size, 1 + size)
             self.runner.forward_nodes(torch.zeros(size, dtype=torch.long), torch.arange(1, 1 + size), allowed)
         self._committed = self._committed.new_empty(0)
-        self._scratch_parents, self._scratch_depths = [], []
+        self._drop_scratch()
 
     @staticmethod
     def _catch_up_attention(shared: int, total: int) -> torch.Tensor:
