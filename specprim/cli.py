@@ -53,9 +53,13 @@ def generate_command(args: argparse.Namespace) -> int:
         raise SystemExit(f"specprim generate: {error}") from error
     if args.draft_vocab is not None and not presets.drafts_with_a_draft_model(args.method):
         raise SystemExit("specprim generate: --draft-vocab applies to --method leviathan (its --draft model) only")
+    if args.datastore is not None and not presets.uses_datastore(args.method):
+        raise SystemExit("specprim generate: --datastore applies to methods with a datastore part only")
     try:
+        datastore = None if args.datastore is None else models.load_datastore(args.datastore, tokenizer)
         method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
-                                   exit_layer=args.exit_layer, tree=args.tree, draft_vocab_size=args.draft_vocab)
+                                   exit_layer=args.exit_layer, tree=args.tree, draft_vocab_size=args.draft_vocab,
+                                   datastore=datastore, max_nodes=args.max_nodes)
     except ValueError as error:
         raise SystemExit(f"specprim generate: {error}") from error
     ids = chat_input_ids(tokenizer, args.prompt)
@@ -125,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--draft-vocab", type=int, help=presets.DRAFT_VOCAB_HELP)
     gen.add_argument("--head", help="trained head directory for --method medusa / eagle / eagle3 / mtp")
     gen.add_argument("--exit-layer", type=int, help="exit layer for --method early-exit (default: half the layers)")
+    gen.add_argument("--datastore", action="append", help=presets.DATASTORE_HELP)
+    gen.add_argument("--max-nodes", type=int, help=presets.MAX_NODES_HELP)
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--num-draft", type=int, help="draft tokens per step (default: the preset's)")

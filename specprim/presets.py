@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,8 @@ import torch
 from specprim._loop import GenerateOutput, speculative_generate
 from specprim.acceptance import AcceptanceRule, Greedy, SpeculativeSampling
 from specprim.drafters import (
+    Datastore,
+    DatastoreLookup,
     Drafter,
     EagleHead,
     EarlyExit,
@@ -34,6 +37,7 @@ from specprim.drafters import (
     lm_draft_vocab,
 )
 from specprim.hf import num_layers
+from specprim.models._datastores import known_datastores, load_datastore
 from specprim.models._heads import head_path, known_heads
 from specprim.trees import Chain, TreeBuilder, parse_tree
 
@@ -62,6 +66,11 @@ class Method:
 DRAFT_VOCAB_HELP = ("restrict leviathan's --draft model to this many token ids (its special ids plus the smallest "
                     "others; only those LM-head rows are computed)")
 
+DATASTORE_HELP = ("the corpus of --method datastore (repeatable: one datastore over all): a known name "
+                  "(smollm2-135m-instruct-answers, shipped; sharegpt, built for the target's tokenizer on first "
+                  "use) or a file written by Datastore.save")
+MAX_NODES_HELP = "cap a union's merged tree (methods joined by '+') at this many nodes, its first drafter's first"
+
 
 def leviathan(
     draft_model: torch.nn.Module, k: int = 4, tree: TreeBuilder | None = None, draft_vocab_size: int | None = None
@@ -77,6 +86,12 @@ def prompt_lookup(num_tokens: int = 8, max_matches: int = 4, max_ngram: int = 3)
     """Prompt-lookup decoding: n-gram matches over the context merged into a deterministic tree."""
     return Method(PromptLookup(max_ngram=max_ngram, num_tokens=num_tokens, max_matches=max_matches),
                   SpeculativeSampling())
+
+
+def datastore(store: Datastore, num_tokens: int = 4, num_nodes: int = 4) -> Method:
+    """Retrieval drafting (REST): the ``num_nodes`` most frequent continuation prefixes (at most ``num_tokens``
+    deep) of the context's longest suffix found in ``store`` (:class:`specprim.drafters.DatastoreLookup`)."""
+    return Method(DatastoreLookup(datastore=store, num_tokens=num_tokens, num_nodes=num_nodes), SpeculativeSampling())
 
 
 def early_exit(target: torch.nn.Module, exit_layer: int, k: int = 4, tree: TreeBuilder | None = None) -> Method:
@@ -106,23 +121,29 @@ def mtp(head: MTPHead, k: int = 3, tree: TreeBuilder | None = None) -> Method:
     return Method(TreeDrafter(MTPDraftModel(head), tree or Chain(k)), SpeculativeSampling())
 
 
-def union(*methods: Method) -> Method:
+def union(*methods: Method, max_nodes: int | None = None) -> Method:
     """The methods' drafters at once (:class:`specprim.drafters.UnionDrafter`: their trees merged into one trie per
-    step), verified by the first method's rule. Every drafter must draft deterministically (greedy, top-k or
-    dynamic trees, prompt lookup). Raises ``ValueError`` for fewer than two methods or different acceptance rules."""
+    step, cut to its first ``max_nodes`` nodes when given), verified by the first method's rule. Every drafter must
+    draft deterministically (greedy, top-k or dynamic trees, prompt lookup, datastore lookup). Raises ``ValueError``
+    for fewer than two methods or different acceptance rules."""
     if len(methods) < 2:
         raise ValueError(f"union needs at least two methods, got {len(methods)}")
     rules = {repr(m.acceptance) for m in methods}
     if len(rules) > 1:
         raise ValueError(f"the methods verify with different rules ({', '.join(sorted(rules))}); a union verifies "
                          "one tree with one rule")
-    return Method(UnionDrafter(*(m.drafter for m in methods)), methods[0].acceptance)
+    return Method(UnionDrafter(*(m.drafter for m in methods), max_nodes=max_nodes), methods[0].acceptance)
 
 
 def drafts_with_a_draft_model(name: str) -> bool:
     """Whether the method called ``name`` (one preset or several joined by ``+``) has a ``leviathan`` part, the
     one that takes ``draft_vocab_size``."""
     return "leviathan" in name.split("+")
+
+
+def uses_datastore(name: str) -> bool:
+    """Whether the method called ``name`` (one preset or several joined by ``+``) has a ``datastore`` part."""
+    return "datastore" in name.split("+")
 
 
 def is_name(name: str) -> bool:
@@ -146,6 +167,8 @@ def from_name(
     exit_layer: int | None = None,
     tree: TreeBuilder | str | None = None,
     draft_vocab_size: int | None = None,
+    datastore: Datastore | str | os.PathLike[str] | None = None,
+    max_nodes: int | None = None,
 ) -> Method:
     """Build the preset called ``name`` (see :data:`NAMES`) for ``target``, as command-line tools do.
 
@@ -154,17 +177,24 @@ def from_name(
     ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the draft length of chain presets;
     ``exit_layer`` the early-exit layer (default: half the target's layers); ``draft_vocab_size`` a reduced
     vocabulary for the draft model of ``"leviathan"`` (see :func:`leviathan`); ``tree`` replaces the preset's tree
-    shape (a builder or a spec string for :func:`specprim.trees.parse_tree`, e.g. one chosen by ``specprim tune``).
+    shape (a builder or a spec string for :func:`specprim.trees.parse_tree`, e.g. one chosen by ``specprim tune``);
+    ``datastore`` the corpus of ``"datastore"`` (a :class:`specprim.drafters.Datastore`, a file written by its
+    ``save``, or a shipped datastore's name, :func:`specprim.models.known_datastores`), drafting ``num_draft``
+    (default 4) tokens deep.
     A name of presets joined by ``+`` (``"eagle3+prompt-lookup"``) builds each with the same options and returns
-    their :func:`union`; ``tree`` then shapes the parts that draft with a tree, and a prompt-lookup part drafts
-    only its most recent match, ``num_draft`` (default 6) tokens long (the other parts provide the breadth; on
-    MT-bench with the shipped EAGLE-3 head this beat the 8-token, 4-match standalone default; see docs/generate.md).
-    Raises ``ValueError`` for an unknown name, a missing draft model or head, or a tree for prompt lookup alone.
+    their :func:`union`, cut to ``max_nodes`` nodes when given; ``tree`` then shapes the parts that draft with a
+    tree, and a prompt-lookup part drafts only its most recent match, ``num_draft`` (default 6) tokens long (the
+    other parts provide the breadth; on MT-bench with the shipped EAGLE-3 head this beat the 8-token, 4-match
+    standalone default; see docs/generate.md).
+    Raises ``ValueError`` for an unknown name, a missing draft model, head or datastore, a tree for prompt lookup
+    alone, or ``max_nodes`` for a single method.
     """
     if not is_name(name):
         raise ValueError(f"unknown method {name!r}; known: {list(NAMES)}, or distinct ones joined by '+'")
-    options = _Options(target, draft, head, num_draft, exit_layer, draft_vocab_size)
     parts = name.split("+")
+    if max_nodes is not None and len(parts) == 1:
+        raise ValueError(f"max_nodes caps a union's merged tree; {name!r} is a single method")
+    options = _Options(target, draft, head, num_draft, exit_layer, draft_vocab_size, datastore)
     builders = _BY_NAME if len(parts) == 1 else {**_BY_NAME, "prompt-lookup": _union_prompt_lookup}
     methods = [builders[part](options) for part in parts]
     if tree is not None:
@@ -172,7 +202,7 @@ def from_name(
             raise ValueError(f"{name!r} does not draft with a tree shape; it takes no tree")
         shape = parse_tree(tree) if isinstance(tree, str) else tree
         methods = [with_tree(m, shape) if isinstance(m.drafter, TreeDrafter) else m for m in methods]
-    return methods[0] if len(methods) == 1 else union(*methods)
+    return methods[0] if len(methods) == 1 else union(*methods, max_nodes=max_nodes)
 
 
 def with_tree(method: Method, tree: TreeBuilder) -> Method:
@@ -193,6 +223,7 @@ class _Options:
     num_draft: int | None
     exit_layer: int | None
     draft_vocab_size: int | None
+    datastore: Datastore | str | os.PathLike[str] | None
 
     def require_draft(self, name: str) -> torch.nn.Module:
         if self.draft is None:
@@ -206,6 +237,14 @@ class _Options:
                 f"shipped head ({', '.join(known_heads()) or 'none installed'})"
             )
         return str(head_path(self.head))
+
+    def require_datastore(self, name: str) -> Datastore:
+        if self.datastore is None:
+            raise ValueError(
+                f"method {name!r} needs a datastore: a Datastore, a file written by Datastore.save or the name of a "
+                f"shipped datastore ({', '.join(known_datastores()) or 'none installed'})"
+            )
+        return self.datastore if isinstance(self.datastore, Datastore) else load_datastore(self.datastore)
 
     def length(self, default: int) -> int:
         return default if self.num_draft is None else self.num_draft
@@ -223,6 +262,7 @@ def _early_exit_by_name(o: _Options) -> Method:
 _BY_NAME: dict[str, Callable[[_Options], Method]] = {
     "leviathan": lambda o: leviathan(o.require_draft("leviathan"), k=o.length(4), draft_vocab_size=o.draft_vocab_size),
     "prompt-lookup": lambda o: prompt_lookup(num_tokens=o.length(8)),
+    "datastore": lambda o: datastore(o.require_datastore("datastore"), num_tokens=o.length(4)),
     "early-exit": _early_exit_by_name,
     "medusa": lambda o: medusa(MedusaHeads.from_pretrained(o.require_head("medusa"), o.target)),
     "eagle": lambda o: eagle(EagleHead.from_pretrained(o.require_head("eagle"), o.target)),
@@ -234,6 +274,7 @@ NAMES: tuple[str, ...] = tuple(_BY_NAME)
 __all__ = [
     "NAMES",
     "Method",
+    "datastore",
     "early_exit",
     "eagle",
     "eagle3",
@@ -244,5 +285,6 @@ __all__ = [
     "mtp",
     "prompt_lookup",
     "union",
+    "uses_datastore",
     "with_tree",
 ]

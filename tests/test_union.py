@@ -64,6 +64,22 @@ def test_every_drafter_learns_its_own_accepted_prefix():
     assert int(a.verdicts[-1].num_accepted[0]) == 1 and int(b.verdicts[-1].num_accepted[0]) == 3
 
 
+def test_max_nodes_keeps_the_first_merged_nodes_and_verdicts_follow():
+    a = FixedDrafter([7, 8, 9], [-1, 0, -1])
+    b = FixedDrafter([7, 5, 9, 4], [-1, 0, 1, -1])  # merged 0, 3, 4, 5: only 7 (shared) and 5 survive a cap of 4
+    drafter = UnionDrafter(a, b, max_nodes=4)
+    tree = drafter.propose(request())
+    assert tree.tokens[0].tolist() == [7, 8, 9, 5] and tree.parent_list == [-1, 0, -1, 0]
+    assert "max_nodes=4" in repr(drafter)
+    drafter.observe(_verdict([0, 3], 6))  # 7 -> 5 accepted, then the target emitted 6
+    assert a.verdicts[-1].path.tolist() == [[0]] and a.verdicts[-1].next_token.tolist() == [5]
+    assert b.verdicts[-1].path.tolist() == [[0, 1]] and b.verdicts[-1].next_token.tolist() == [6]
+    assert UnionDrafter(a, b, max_nodes=10).propose(request()).num_nodes == 6  # a cap above the size changes nothing
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match="max_nodes"):
+            UnionDrafter(a, b, max_nodes=bad)
+
+
 def _verdict(path, next_token):
     from specprim._types import Verdict
 
@@ -96,6 +112,11 @@ def test_greedy_union_equals_generate(arch):
                                eos_token_id=1)
     assert torch.equal(out.sequences, want)
     assert out.stats.steps < 30  # something was accepted
+    capped = UnionDrafter(ModelDrafter(tiny_causal_lm(arch, seed=1), DynamicTree(depth=3, top_k=2, budget=5)),
+                          PromptLookup(num_tokens=4), max_nodes=6)
+    out = speculative_generate(target, prompt, drafter=capped, acceptance=Greedy(), max_new_tokens=30,
+                               eos_token_id=1)
+    assert torch.equal(out.sequences, want) and max(out.stats.tree_nodes) == 6
 
 
 def peaked(seed: int) -> torch.nn.Module:
@@ -211,3 +232,5 @@ def test_bad_inputs_raise_clear_errors():
         from_name("prompt-lookup", target=tiny_causal_lm("llama"), tree="chain:2")
     with pytest.raises(ValueError, match="different rules"):
         union(prompt_lookup(), dataclasses.replace(prompt_lookup(), acceptance=Greedy()))
+    with pytest.raises(ValueError, match="single method"):
+        from_name("prompt-lookup", target=tiny_causal_lm("llama"), max_nodes=4)

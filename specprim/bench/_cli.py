@@ -9,7 +9,7 @@ from pathlib import Path
 from specprim.bench._datasets import DATASETS, DatasetFetchError
 from specprim.bench._run import DTYPES, run
 from specprim.models import QUANTIZE_SCHEMES
-from specprim.presets import DRAFT_VOCAB_HELP
+from specprim.presets import DATASTORE_HELP, DRAFT_VOCAB_HELP, MAX_NODES_HELP
 from specprim.trees._spec import SPEC_HELP
 
 _REQUIRED = ("target", "method", "max_new_tokens")
@@ -58,6 +58,8 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     bench.add_argument("--num-draft", type=int, help="draft tokens per step (default: each method's own)")
     bench.add_argument("--head", type=Path, help="head directory for medusa, eagle, eagle3, mtp (passed as head=)")
     bench.add_argument("--exit-layer", type=int, help="layer the early-exit preset drafts from")
+    bench.add_argument("--datastore", action="append", help=DATASTORE_HELP)
+    bench.add_argument("--max-nodes", type=int, help=MAX_NODES_HELP)
     bench.add_argument("--predict", action="store_true",
                        help="time verification against tree size and print the speedup model's prediction")
     bench.add_argument("--tree", help=f"replace the presets' tree shapes: {SPEC_HELP} (see specprim tune)")
@@ -91,7 +93,7 @@ def bench_command(args: argparse.Namespace) -> int:
             draft=args.draft,
             draft_quantize=args.draft_quantize, num_draft=args.num_draft,
             head=args.head, exit_layer=args.exit_layer, tree=args.tree, acceptance=args.acceptance,
-            draft_vocab=args.draft_vocab,
+            draft_vocab=args.draft_vocab, datastore=args.datastore, max_nodes=args.max_nodes,
             repeats=args.repeats, predict=args.predict,
             seed=args.seed, json_path=args.json,
             plot_dir=args.plot, progress=sys.stderr.isatty(),

@@ -285,9 +285,12 @@ def build_method(name: str, context: MethodContext) -> BenchMethod:
         return EXTERNAL_METHODS[name](context)
     if not presets.is_name(name):
         raise ValueError(f"unknown method {name!r}; known: {list(method_names())}")
+    options = dict(context.preset_options)
+    if "+" not in name:
+        options.pop("max_nodes", None)  # caps unions only
     try:
         method = presets.from_name(
-            name, target=context.target, draft=context.draft, num_draft=context.num_draft, **context.preset_options
+            name, target=context.target, draft=context.draft, num_draft=context.num_draft, **options
         )
     except TypeError as error:  # a preset that takes none of preset_options
         raise ValueError(f"preset {name!r} does not take {sorted(context.preset_options)}: {error}") from error

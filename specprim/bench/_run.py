@@ -21,7 +21,7 @@ from specprim.bench._prompts import Prompt, conversation_ids, read_prompts
 from specprim.bench._report import heading
 from specprim.bench._results import BenchResults
 from specprim.bench._runner import SEED_STRIDE, measure
-from specprim.drafters import static_drafting
+from specprim.drafters import Datastore, static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
 from specprim.hf._static_target import QUERY_BUCKETS
 from specprim.sampling import SamplingConfig
@@ -132,6 +132,8 @@ def run(
     head: str | os.PathLike[str] | None = None,
     exit_layer: int | None = None,
     draft_vocab: int | None = None,
+    datastore: str | os.PathLike[str] | Sequence[str | os.PathLike[str]] | Datastore | None = None,
+    max_nodes: int | None = None,
     tree: str | None = None,
     acceptance: str | None = None,
     repeats: int = 1,
@@ -176,6 +178,10 @@ def run(
         exit_layer: an early-exit layer, passed to ``presets.from_name`` as ``exit_layer=`` (only when given).
         draft_vocab: a reduced vocabulary size for the draft model of ``leviathan`` (``draft_vocab_size=``; only when
             given, and only with ``draft``); ``hf-assisted`` keeps the whole draft model.
+        datastore: the corpus of the ``datastore`` method: a ``Datastore``, or names / files for
+            :func:`specprim.models.load_datastore` (checked against the target's tokenizer), loaded once and
+            shared by every method.
+        max_nodes: cap the merged tree of union methods (names joined by ``+``) at this many nodes.
         tree: a tree spec (:func:`specprim.trees.parse_tree`) replacing the presets' shapes (only when given).
         acceptance: an acceptance rule name replacing the preset's (see ``ACCEPTANCE``).
         repeats: times every (prompt, method) pair is measured; ``seed`` seeds everything (see ``SEED_STRIDE``).
@@ -198,6 +204,10 @@ def run(
             raise ValueError(f"{name} must be None or one of {list(models.QUANTIZE_SCHEMES)}, got {scheme!r}")
     if draft_vocab is not None and not any(map(presets.drafts_with_a_draft_model, methods)):
         raise ValueError("draft_vocab applies to the leviathan method's draft model only; no method uses it")
+    if max_nodes is not None and not any("+" in m for m in methods):
+        raise ValueError("max_nodes caps the merged tree of unions (methods joined by '+'); no method is one")
+    if datastore is not None and not any(map(presets.uses_datastore, methods)):
+        raise ValueError("datastore applies to methods with a datastore part only; no method uses it")
     torch.manual_seed(seed)
     prompt_list, label = resolve_prompts(dataset, prompts, num_prompts)
     if turns is not None:
@@ -213,9 +223,12 @@ def run(
         draft_model, draft_tokenizer = _load(draft, dtype, draft_quantize, pack, compile)
         if draft_tokenizer is not None:
             check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    if datastore is not None and not isinstance(datastore, Datastore):
+        datastore = models.load_datastore(datastore, tokenizer)
     options = {key: value for key, value in (("head", None if head is None else str(head)),
                                               ("exit_layer", exit_layer), ("tree", tree),
-                                              ("draft_vocab_size", draft_vocab)) if value is not None}
+                                              ("draft_vocab_size", draft_vocab), ("datastore", datastore),
+                                              ("max_nodes", max_nodes)) if value is not None}
     cache_length = _cache_length(tokenizer, prompt_list, max_new_tokens)
     context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
                             preset_options=options, target_name=target if isinstance(target, str) else None,
@@ -246,6 +259,7 @@ def run(
         "draft": None if draft is None else (str(draft) if not isinstance(draft, Model) else type(draft).__name__),
         "draft_quantize": draft_quantize, "num_draft": num_draft, "head": None if head is None else str(head),
         "exit_layer": exit_layer, "draft_vocab": draft_vocab,
+        "datastore": None if datastore is None else repr(datastore), "max_nodes": max_nodes,
         "tree": tree, "acceptance": acceptance, "predict": predict,
         "warmup_tokens": warmup_tokens, "eos_token_id": tokenizer.eos_token_id,
     }

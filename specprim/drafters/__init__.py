@@ -6,6 +6,7 @@ Model-based drafters are a `TreeDraftModel` (what predicts the next token) plus 
 
 from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._base import Drafter
+from specprim.drafters._datastore import Datastore, DatastoreLookup, tokenizer_fingerprint
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
 from specprim.drafters._eagle_export import export_eagle3, import_eagle
 from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
@@ -21,6 +22,8 @@ from specprim.drafters._union import UnionDrafter
 from specprim.drafters._vocab import count_tokens, draft_vocab
 
 __all__ = [
+    "Datastore",
+    "DatastoreLookup",
     "DraftRequest",
     "Drafter",
     "EagleConfig",
@@ -45,6 +48,7 @@ __all__ = [
     "draft_vocab",
     "default_medusa_tree",
     "static_drafting",
+    "tokenizer_fingerprint",
     "eagle_drafter",
     "export_eagle3",
     "import_eagle",

@@ -34,13 +34,20 @@ class UnionDrafter:
     Features: ``feature_layers`` is the union of the drafters' own (in order of first appearance); each drafter
     gets a request with exactly its own layers, or ``features=None`` if it declares none.
 
+    ``max_nodes``: when given, the merged trie keeps only its first ``max_nodes`` nodes in merge order (the first
+    drafter's nodes first; a prefix of a topological order is itself a tree), so the union never outgrows a size
+    the verifier handles cheaply (e.g. a :class:`specprim.hf.StaticTarget`'s padded sizes: 7 nodes plus the root
+    fill an 8-token bucket).
+
     ``observe``: each drafter learns the accepted path restricted to its own tree (the longest accepted prefix of
-    its nodes, in its own node ids) and the token the target emitted after that prefix.
+    its nodes that were kept, in its own node ids) and the token the target emitted after that prefix.
 
     Batch size 1 only (the merged shape depends on the data): ``ValueError`` otherwise.
     """
 
-    def __init__(self, *drafters: Drafter) -> None:
+    def __init__(self, *drafters: Drafter, max_nodes: int | None = None) -> None:
+        if max_nodes is not None and (not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1):
+            raise ValueError(f"max_nodes must be None or a positive int, got {max_nodes!r}")
         if len(drafters) < 2:
             raise ValueError(f"UnionDrafter needs at least two drafters, got {len(drafters)}")
         for drafter in drafters:
@@ -49,6 +56,7 @@ class UnionDrafter:
         if len({id(d) for d in drafters}) != len(drafters):
             raise ValueError("the same drafter object appears twice; pass distinct drafters")
         self.drafters = tuple(drafters)
+        self.max_nodes = max_nodes
         layers = [tuple(getattr(d, "feature_layers", ())) for d in drafters]
         self.feature_layers: tuple[int, ...] = tuple(dict.fromkeys(layer for own in layers for layer in own))
         self._layer_index = [[self.feature_layers.index(layer) for layer in own] for own in layers]
@@ -63,7 +71,8 @@ class UnionDrafter:
                    getattr(d, "greedy_only", False) for d in self.drafters)
 
     def __repr__(self) -> str:
-        return f"UnionDrafter({', '.join(map(repr, self.drafters))})"
+        cap = "" if self.max_nodes is None else f", max_nodes={self.max_nodes}"
+        return f"UnionDrafter({', '.join(map(repr, self.drafters))}{cap})"
 
     def propose(self, request: DraftRequest) -> DraftTree:
         if request.input_ids.shape[0] != 1:
@@ -74,6 +83,8 @@ class UnionDrafter:
                 raise ValueError(f"{drafter!r} drafted a {tree.sampling!r} tree; UnionDrafter merges deterministic "
                                  "trees only (greedy or top-k drafting, prompt lookup)")
         tokens, parents, self._maps = merge_trees((tree.tokens[0].tolist(), tree.parent_list) for tree in trees)
+        if self.max_nodes is not None:
+            tokens, parents = tokens[: self.max_nodes], parents[: self.max_nodes]
         self._tokens = tokens
         device = request.input_ids.device
         return DraftTree(tokens=torch.tensor([tokens], dtype=torch.long, device=device).reshape(1, len(tokens)),
@@ -83,7 +94,7 @@ class UnionDrafter:
     def observe(self, verdict: Verdict) -> None:
         accepted = verdict.path[0, : int(verdict.num_accepted[0])].tolist()  # merged node ids, root downwards
         for drafter, to_merged in zip(self.drafters, self._maps, strict=True):
-            own = {merged: node for node, merged in enumerate(to_merged)}
+            own = {merged: node for node, merged in enumerate(to_merged) if merged < len(self._tokens)}
             path: list[int] = []
             for merged in accepted:
                 if merged not in own:

@@ -8,6 +8,7 @@ pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels); ``lo
 """
 
 from specprim.models._compile import compile_forward, eager_forward, is_compiled
+from specprim.models._datastores import datastore_path, known_datastores, load_datastore
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, gguf_path, load
@@ -28,14 +29,17 @@ __all__ = [
     "cache_dir",
     "check_gguf",
     "compile_forward",
+    "datastore_path",
     "eager_forward",
     "ensure_cached",
     "gguf_path",
     "head_path",
     "is_compiled",
     "is_packed",
+    "known_datastores",
     "known_heads",
     "load",
+    "load_datastore",
     "load_head",
     "pack_weights",
     "quantize_weights",

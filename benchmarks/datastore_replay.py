@@ -1,0 +1,61 @@
+"""How much a retrieval datastore adds to the shipped EAGLE-3 head on MT-bench, by greedy replay (tau only, no timing).
+
+The target's greedy answers to the first turns are recorded once (fp32, 128 tokens); every drafter is then replayed
+against them (``specprim.bench.replay``: accepted lengths equal a live greedy run's), so tau is exact and costs no
+target forward. Rows: the head's tuned tree, prompt lookup and the datastores alone, and their unions cut to 7 nodes
+(what an 8-token static verification bucket holds):
+
+    python benchmarks/datastore_replay.py [--num-prompts 10] [--datastore smollm2-135m-instruct-answers ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import torch
+
+from specprim import presets
+from specprim.bench import load_dataset
+from specprim.bench._replay import record_prompts, replay_all
+from specprim.drafters import DatastoreLookup, UnionDrafter
+from specprim.models import load, load_datastore, load_head
+from specprim.trees import DynamicTree
+
+TARGET, HEAD = "smollm2-135m-instruct", "smollm2-135m-instruct-eagle3"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-prompts", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--datastore", action="append",
+                        help="repeatable (default: the shipped answers, ShareGPT, and both joined)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    target, tokenizer = load(TARGET)
+    eagle = presets.eagle3(load_head(HEAD, target), DynamicTree(depth=1, top_k=3, budget=3)).drafter
+    lookup = presets.prompt_lookup(num_tokens=4, max_matches=1).drafter
+    prompts = [dataclasses.replace(p, turns=p.turns[:1]) for p in load_dataset("mt-bench", args.num_prompts)]
+    recordings = record_prompts(target, tokenizer, prompts, args.max_new_tokens, layers=eagle.feature_layers)
+    names = [[name] for name in args.datastore] if args.datastore else [
+        ["smollm2-135m-instruct-answers"], ["sharegpt"], ["smollm2-135m-instruct-answers", "sharegpt"]]
+    rows = [("eagle3 (dynamic:depth=1,top_k=3,budget=3)", eagle), ("prompt lookup (4 tokens, 1 match)", lookup),
+            ("eagle3 + prompt lookup, 7 nodes", UnionDrafter(eagle, lookup, max_nodes=7))]
+    for group in names:
+        retrieval = DatastoreLookup(datastore=load_datastore(group, tokenizer))
+        label = " + ".join(group)
+        rows += [(f"datastore {label}", retrieval),
+                 (f"eagle3 + prompt lookup + datastore {label}, 7 nodes",
+                  UnionDrafter(eagle, lookup, retrieval, max_nodes=7))]
+    print(f"{TARGET}, MT-bench first turns ({len(prompts)}), {args.max_new_tokens} tokens, greedy replay\n")
+    print("| drafter | tau | nodes per step | draft ms per step |\n|---|---|---|---|")
+    for label, drafter in rows:
+        stats = replay_all(recordings, drafter, max_new_tokens=args.max_new_tokens,
+                           eos_token_id=tokenizer.eos_token_id).stats
+        print(f"| {label} | {stats.tau:.3f} | {sum(stats.tree_nodes) / stats.steps:.2f} | "
+              f"{1000 * stats.draft_s / stats.steps:.2f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
