@@ -117,20 +117,22 @@ class Datastore:
                    **kwargs}
         return cls(_split(tokens), **options)
 
-    def matches(self, context: Sequence[int]) -> tuple[int, np.ndarray]:
+    def matches(self, context: Sequence[int], limit: int | None = None) -> tuple[int, np.ndarray]:
         """The longest suffix of ``context`` (``min_ngram <= n <= max_ngram`` tokens) found in the corpus.
 
         Returns ``(n, starts)``: ``starts`` (C,) int64, for each occurrence the corpus position right after it (where
         its continuation begins), in corpus order; ``(0, empty)`` when no suffix of ``min_ngram`` tokens occurs.
+        With ``limit``, at most ``limit`` occurrences, evenly spaced through the corpus, are checked and returned
+        (a frequent bigram occurs hundreds of thousands of times in a large corpus).
         """
         query = np.asarray(list(context)[-self.max_ngram:], dtype=np.int64)
         for n in range(min(self.max_ngram, query.shape[0]), self.min_ngram - 1, -1):
             hashes, starts = self._index[n]
             key = _hash(query[None, -n:])[0]
             lo, hi = np.searchsorted(hashes, key, "left"), np.searchsorted(hashes, key, "right")
-            if hi == lo:
-                continue
-            found = np.sort(starts[lo:hi])  # (C,)
+            found = starts[lo:hi]  # (C,) ascending: the index sorts stably
+            if limit is not None and found.size > limit:
+                found = found[np.linspace(0, found.size - 1, limit).round().astype(np.int64)]
             grams = self.tokens[found[:, None] - n + np.arange(n)]  # (C, n): the matched n-grams
             found = found[(grams == query[-n:]).all(1)]  # drop hash collisions
             if found.size:
@@ -158,7 +160,7 @@ class Datastore:
                     continue
                 starts = np.arange(tokens.shape[0] - n + 1)
                 inside = starts[separators[starts + n] == separators[starts]]  # (M,) not crossing a separator
-                ordered, order = torch.sort(torch.from_numpy(hashes[inside]))  # torch: a parallel sort
+                ordered, order = torch.sort(torch.from_numpy(hashes[inside]), stable=True)  # torch: parallel
                 index[n] = ordered.numpy(), inside[order.numpy()] + n
         return index
 
@@ -192,8 +194,8 @@ class DatastoreLookup:
 
     The tree holds the ``num_nodes`` most frequent continuation *prefixes* of the matched occurrences (at most
     ``num_tokens`` deep, never past the end of a corpus sequence): a prefix is counted once per occurrence it
-    starts, so a node's count never exceeds its parent's, and ordering by count (then by depth, then by token ids)
-    puts every parent before its children. When more than ``max_samples`` occurrences match, ``max_samples`` of
+    starts, so a node's count never exceeds its parent's, and ordering by count (then by depth, then by the first
+    occurrence holding it) puts every parent before its children. When more than ``max_samples`` occurrences match, ``max_samples`` of
     them, evenly spaced through the corpus, are counted. No match drafts nothing (a plain target forward).
 
     Tokens are chosen without randomness: ``sampling="deterministic"``, ``q=None``, so any rule that is lossless
@@ -232,9 +234,7 @@ class DatastoreLookup:
         tokens: list[int] = []
         parents: list[int] = []
         if length > 0:
-            _, starts = self.datastore.matches(ids[0, -self.datastore.max_ngram:].tolist())
-            if starts.size > self.max_samples:
-                starts = starts[np.linspace(0, starts.size - 1, self.max_samples).round().astype(np.int64)]
+            _, starts = self.datastore.matches(ids[0, -self.datastore.max_ngram:].tolist(), self.max_samples)
             if starts.size:
                 tokens, parents = _frequent_prefix_tree(self.datastore.continuations(starts, length), self.num_nodes)
         return DraftTree(
@@ -250,21 +250,32 @@ class DatastoreLookup:
 def _frequent_prefix_tree(spans: np.ndarray, budget: int) -> tuple[list[int], list[int]]:
     """(C, L) continuations (``-1`` past a sequence's end) -> the trie of the ``budget`` most frequent prefixes.
 
-    Order: count descending, then depth, then the prefix's tokens; parents therefore come first.
+    Order: count descending, then depth, then the first row holding the prefix; parents therefore come first.
+    Prefixes are grouped exactly, depth by depth: a prefix is (its parent prefix's id, its last token).
     """
-    candidates: list[tuple[int, int, tuple[int, ...]]] = []  # (-count, depth, prefix)
-    for depth in range(1, spans.shape[1] + 1):
-        prefixes = spans[:, :depth]
-        prefixes = prefixes[prefixes[:, -1] != _SEPARATOR]  # (C_d, depth): occurrences at least this long
-        if not prefixes.shape[0]:
+    rows, length = spans.shape
+    group = np.full(rows, -1, dtype=np.int64)  # (C,) global id of each row's prefix so far (-1: the root)
+    alive = np.ones(rows, dtype=bool)  # (C,) rows whose sequence has not ended yet
+    parent, token, count, depth, first = [], [], [], [], []  # per candidate prefix
+    for d in range(length):
+        alive &= spans[:, d] != _SEPARATOR
+        if not alive.any():
             break
-        unique, counts = np.unique(prefixes, axis=0, return_counts=True)
-        candidates += [(-c, depth, tuple(p)) for p, c in zip(unique.tolist(), counts.tolist(), strict=True)]
-    node_of: dict[tuple[int, ...], int] = {}
-    tokens: list[int] = []
-    parents: list[int] = []
-    for _, depth, prefix in sorted(candidates)[:budget]:
-        node_of[prefix] = len(tokens)
-        tokens.append(prefix[-1])
-        parents.append(-1 if depth == 1 else node_of[prefix[:-1]])
-    return tokens, parents
+        live = np.flatnonzero(alive)  # (A,)
+        keys = (group[live] + 1) * 2**32 + spans[live, d]  # exact: (parent id + 1, token) in one int64
+        unique, first_live, inverse, counts = np.unique(keys, return_index=True, return_inverse=True,
+                                                        return_counts=True)
+        offset = sum(map(len, count))
+        parent.append(unique // 2**32 - 1)
+        token.append(unique % 2**32)
+        count.append(counts)
+        depth.append(np.full(unique.shape, d))
+        first.append(live[first_live])
+        group[live] = offset + inverse.reshape(-1)
+    if not count:
+        return [], []
+    parent_all, token_all = np.concatenate(parent), np.concatenate(token)
+    order = np.lexsort((np.concatenate(first), np.concatenate(depth), -np.concatenate(count)))[:budget]
+    node_of = {int(c): i for i, c in enumerate(order.tolist())}
+    parents = [-1 if parent_all[c] < 0 else node_of[int(parent_all[c])] for c in order.tolist()]
+    return token_all[order].tolist(), parents
