@@ -14,7 +14,7 @@ from transformers import PreTrainedTokenizerFast
 from specprim import bench, cli, presets
 from specprim._types import DraftTree, Verdict
 from specprim.bench import Decoding, Generation, Prompt
-from specprim.drafters import PromptLookup
+from specprim.drafters import Datastore, PromptLookup
 
 EOS = 1
 PROMPTS = [Prompt(id="two-turns", turns=("w5 w6 w7 w8 w5 w6", "w9 w10 w9")), Prompt(id="one", turns=("w3 w4 w3",))]
@@ -217,7 +217,8 @@ def test_cli_bench_on_a_saved_model(target, tokenizer, tmp_path, capsys):
 
 def test_every_method_without_a_trained_head_runs_and_is_lossless(target, tokenizer):
     draft = tiny_causal_lm("llama", seed=1)
-    context = bench.MethodContext(target=target, draft=draft, num_draft=3)
+    store = Datastore([[3, 4, 5, 3, 4], [4, 5, 6]])
+    context = bench.MethodContext(target=target, draft=draft, num_draft=3, preset_options={"datastore": store})
     names = []
     for name in bench.method_names():  # presets added to presets.NAMES appear here without edits
         try:
@@ -227,9 +228,9 @@ def test_every_method_without_a_trained_head_runs_and_is_lossless(target, tokeni
                 name, error)
             continue
         names.append(name)
-    assert {"hf", "hf-prompt-lookup", "hf-assisted", "leviathan", "prompt-lookup"} <= set(names)
+    assert {"hf", "hf-prompt-lookup", "hf-assisted", "leviathan", "prompt-lookup", "datastore"} <= set(names)
     results = bench.run(target=target, tokenizer=tokenizer, draft=draft, methods=names, prompts=PROMPTS[1:],
-                        max_new_tokens=8, num_draft=3)
+                        max_new_tokens=8, num_draft=3, datastore=store)
     assert [s.method for s in results.results] == names
     for summary in results.results:
         assert summary.identical, summary.method

@@ -12,6 +12,7 @@ from scipy import stats
 from specprim import presets, speculative_generate
 from specprim._types import DraftRequest
 from specprim.drafters import (
+    Datastore,
     EagleHead,
     EarlyExit,
     MedusaHeads,
@@ -49,7 +50,8 @@ def heads(target, tmp_path_factory):
 @pytest.mark.parametrize("name", presets.NAMES)
 def test_every_preset_by_name_is_lossless_under_greedy(name, target, heads):
     draft = tiny_causal_lm("llama", seed=1, vocab=VOCAB, layers=2)
-    method = presets.from_name(name, target=target, draft=draft, head=heads.get(name), num_draft=3)
+    store = Datastore([[4, 5, 3, 4, 5, 6], [5, 3, 4, 7]])
+    method = presets.from_name(name, target=target, draft=draft, head=heads.get(name), num_draft=3, datastore=store)
     prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3, 4]])
     expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=24,
                                do_sample=False, pad_token_id=0, eos_token_id=None)
@@ -58,7 +60,8 @@ def test_every_preset_by_name_is_lossless_under_greedy(name, target, heads):
 
 
 def test_names_cover_the_families():
-    assert set(presets.NAMES) == {"leviathan", "prompt-lookup", "early-exit", "medusa", "eagle", "eagle3", "mtp"}
+    assert set(presets.NAMES) == {"leviathan", "prompt-lookup", "datastore", "early-exit", "medusa", "eagle", "eagle3",
+                                  "mtp"}
 
 
 @pytest.mark.parametrize(
@@ -67,6 +70,7 @@ def test_names_cover_the_families():
         ("nope", {}, "unknown method"),
         ("leviathan", {}, "needs a draft model"),
         ("eagle3", {}, "needs a trained head"),
+        ("datastore", {}, "needs a datastore"),
         ("early-exit", {"exit_layer": 4}, "exit layer"),
     ],
 )
