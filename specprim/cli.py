@@ -12,7 +12,7 @@ import torch
 
 from specprim import models, presets
 from specprim.bench import add_bench_parser
-from specprim.drafters import static_drafting
+from specprim.drafters import Datastore, static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible
 from specprim.hf._static_target import QUERY_BUCKETS
 from specprim.speedup._cli import add_tune_parser
@@ -108,6 +108,18 @@ def generate_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def datastore_command(args: argparse.Namespace) -> int:
+    try:
+        _, tokenizer = models.load(args.target)
+        texts = [text for path in args.inputs for text in models.read_texts(path)]
+        store = Datastore.from_texts(texts, tokenizer, max_ngram=args.max_ngram, min_ngram=args.min_ngram)
+    except (ValueError, OSError) as error:
+        raise SystemExit(f"specprim datastore: {error}") from error
+    store.save(args.out)
+    print(f"{store!r} from {len(args.inputs)} file(s) -> {args.out}")
+    return 0
+
+
 def _method_name(name: str) -> str:
     if not presets.is_name(name):
         raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(presets.NAMES)} or join "
@@ -154,6 +166,19 @@ def build_parser() -> argparse.ArgumentParser:
                           "(specprim.hf.StaticTarget; compiles during the warm-up)")
     gen.add_argument("--seed", type=int, default=0)
     gen.set_defaults(func=generate_command)
+    store = commands.add_parser(
+        "datastore", help="build a retrieval datastore (for --method datastore) from text files",
+        description="Tokenise text with the target's tokenizer and save it for --datastore FILE. Inputs: .jsonl "
+                    'files (one string, {"text": ...} or conversation a line; assistant turns are taken) or any '
+                    "other file as one text.",
+    )
+    store.add_argument("inputs", nargs="+", help="text files (.jsonl records, or any file as one text)")
+    store.add_argument("--target", default="smollm2-135m-instruct",
+                       help="the model whose tokenizer to use: a known name, a local path or a hub id")
+    store.add_argument("--out", required=True, help="the .npz file to write")
+    store.add_argument("--max-ngram", type=int, default=6, help="longest suffix looked up (default 6)")
+    store.add_argument("--min-ngram", type=int, default=2, help="shortest suffix looked up (default 2)")
+    store.set_defaults(func=datastore_command)
     add_bench_parser(commands)
     add_train_parser(commands)
     add_tune_parser(commands)

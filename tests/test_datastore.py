@@ -351,3 +351,32 @@ def test_the_shipped_datastore_drafts_for_smollm2_losslessly():
         assert out.stats.tau > 1.05  # 1.07 measured: on open-ended answers the datastore drafts a few tokens
     finally:
         torch.set_num_threads(1)
+
+
+def test_the_datastore_command_builds_from_text_files(tmp_path, capsys):
+    from _tiny import tiny_tokenizer
+
+    from specprim import cli
+    from specprim.models import read_texts
+
+    target, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    records = tmp_path / "corpus.jsonl"
+    records.write_text('"t5 t6 t7"\n{"text": "t8 t9"}\n\n[{"role": "user", "content": "t2"}, '
+                       '{"role": "assistant", "content": "t3 t4"}]\n{"messages": [{"from": "gpt", "value": "t6 t6"}]}\n')
+    plain = tmp_path / "notes.txt"
+    plain.write_text("t7 t8\nt9")
+    assert read_texts(records) == ["t5 t6 t7", "t8 t9", "t3 t4", "t6 t6"] and read_texts(plain) == ["t7 t8\nt9"]
+    out = tmp_path / "store.npz"
+    assert cli.main(["datastore", "--target", str(tmp_path / "target"), "--out", str(out), "--max-ngram", "3",
+                     str(records), str(plain)]) == 0
+    assert "5 sequences" in capsys.readouterr().out
+    store = Datastore.load(out)
+    assert [s.tolist() for s in store.sequences()] == [[5, 6, 7], [8, 9], [3, 4], [6, 6], [7, 8, 9]]
+    assert store.max_ngram == 3 and store.tokenizer == tokenizer_fingerprint(tokenizer)
+    (tmp_path / "bad.jsonl").write_text('{"id": 3}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1"):
+        read_texts(tmp_path / "bad.jsonl")
+    with pytest.raises(SystemExit, match="bad.jsonl:1"):
+        cli.main(["datastore", "--target", str(tmp_path / "target"), "--out", str(out), str(tmp_path / "bad.jsonl")])

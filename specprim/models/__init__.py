@@ -8,7 +8,7 @@ pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels); ``lo
 """
 
 from specprim.models._compile import compile_forward, eager_forward, is_compiled
-from specprim.models._datastores import datastore_path, known_datastores, load_datastore
+from specprim.models._datastores import datastore_path, known_datastores, load_datastore, read_texts
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, gguf_path, load
@@ -43,5 +43,6 @@ __all__ = [
     "load_head",
     "pack_weights",
     "quantize_weights",
+    "read_texts",
     "stock_kernels",
 ]

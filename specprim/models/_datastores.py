@@ -9,6 +9,7 @@ fingerprint) and a ``README.md`` card (what the text is, how it was made, measur
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from specprim.models._load import cache_dir
 
-__all__ = ["BUILT_DATASTORES", "DATASTORES_DIR", "datastore_path", "known_datastores", "load_datastore"]
+__all__ = ["BUILT_DATASTORES", "DATASTORES_DIR", "datastore_path", "known_datastores", "load_datastore", "read_texts"]
 
 DATASTORES_DIR = Path(__file__).parent / "datastores"
 
@@ -95,3 +96,35 @@ def _built_path(name: str, tokenizer: Any, datastore_class: Any) -> Path:
         datastore_class.from_texts(BUILT_DATASTORES[name](), tokenizer).save(staged)
         os.replace(staged, path)
     return path
+
+
+def read_texts(path: str | os.PathLike[str]) -> list[str]:
+    """The texts of a corpus file, for :meth:`specprim.drafters.Datastore.from_texts`.
+
+    A ``.jsonl`` file holds one record a line: a string, an object with a ``"text"`` string, or a conversation (a
+    list of ``{"role", "content"}`` messages, ShareGPT's ``{"from", "value"}`` too, or ``{"messages": [...]}``)
+    whose assistant turns are taken. Any other file is one text (e.g. a source file). Raises ``ValueError`` naming
+    the line of a record that is none of these.
+    """
+    path = os.fspath(path)
+    if not path.endswith(".jsonl"):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return [f.read()]
+    texts = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                texts += _record_texts(json.loads(line), f"{path}:{number}")
+    return texts
+
+
+def _record_texts(record: Any, where: str) -> list[str]:
+    if isinstance(record, str):
+        return [record]
+    if isinstance(record, dict) and isinstance(record.get("text"), str):
+        return [record["text"]]
+    messages = record.get("messages") if isinstance(record, dict) else record
+    if isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages):
+        return [str(m.get("content", m.get("value", ""))) for m in messages
+                if str(m.get("role", m.get("from", ""))).lower() in ("assistant", "gpt")]
+    raise ValueError(f'{where}: expected a string, {{"text": ...}} or a conversation (a list of messages)')
