@@ -3,9 +3,10 @@
 The target's greedy answers to the first turns are recorded once (fp32, 128 tokens); every drafter is then replayed
 against them (``specprim.bench.replay``: accepted lengths equal a live greedy run's), so tau is exact and costs no
 target forward. Rows: the head's tuned tree, prompt lookup and the datastores alone, and their unions cut to 7 nodes
-(what an 8-token static verification bucket holds):
+(what an 8-token static verification bucket holds). ``--shapes`` replays other union shapes with the last datastore:
+2 or 4 head siblings, 3-token lookups, and a cut to 3 nodes (the 4-token bucket):
 
-    python benchmarks/datastore_replay.py [--num-prompts 10] [--datastore smollm2-135m-instruct-answers ...]
+    python benchmarks/datastore_replay.py [--num-prompts 10] [--datastore smollm2-135m-instruct-answers ...] [--shapes]
 """
 
 from __future__ import annotations
@@ -31,10 +32,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--datastore", action="append",
                         help="repeatable (default: the shipped answers, ShareGPT, and both joined)")
+    parser.add_argument("--shapes", action="store_true", help="also replay other union shapes (see above)")
     args = parser.parse_args()
     torch.set_num_threads(2)
     target, tokenizer = load(TARGET)
-    eagle = presets.eagle3(load_head(HEAD, target), DynamicTree(depth=1, top_k=3, budget=3)).drafter
+    head = load_head(HEAD, target)
+    eagle = _eagle(head, 3)
     lookup = presets.prompt_lookup(num_tokens=4, max_matches=1).drafter
     prompts = [dataclasses.replace(p, turns=p.turns[:1]) for p in load_dataset("mt-bench", args.num_prompts)]
     recordings = record_prompts(target, tokenizer, prompts, args.max_new_tokens, layers=eagle.feature_layers)
@@ -48,6 +51,16 @@ def main() -> None:
         rows += [(f"datastore {label}", retrieval),
                  (f"eagle3 + prompt lookup + datastore {label}, 7 nodes",
                   UnionDrafter(eagle, lookup, retrieval, max_nodes=7))]
+    if args.shapes:
+        for top_k, length in ((2, 3), (2, 4), (3, 3), (4, 3), (4, 4)):
+            rows.append((f"eagle3 top-{top_k} + prompt lookup {length} + datastore {label} ({length} deep), 7 nodes",
+                         UnionDrafter(_eagle(head, top_k), presets.prompt_lookup(num_tokens=length, max_matches=1)
+                                      .drafter, DatastoreLookup(datastore=retrieval.datastore, num_tokens=length),
+                                      max_nodes=7)))
+        rows.append((f"eagle3 top-1 + prompt lookup 2 + datastore {label} (2 deep, 2 nodes), 3 nodes",
+                     UnionDrafter(_eagle(head, 1), presets.prompt_lookup(num_tokens=2, max_matches=1).drafter,
+                                  DatastoreLookup(datastore=retrieval.datastore, num_tokens=2, num_nodes=2),
+                                  max_nodes=3)))
     print(f"{TARGET}, MT-bench first turns ({len(prompts)}), {args.max_new_tokens} tokens, greedy replay\n")
     print("| drafter | tau | nodes per step | draft ms per step |\n|---|---|---|---|")
     for label, drafter in rows:
@@ -55,6 +68,11 @@ def main() -> None:
                            eos_token_id=tokenizer.eos_token_id).stats
         print(f"| {label} | {stats.tau:.3f} | {sum(stats.tree_nodes) / stats.steps:.2f} | "
               f"{1000 * stats.draft_s / stats.steps:.2f} |", flush=True)
+
+
+def _eagle(head: object, top_k: int) -> object:
+    """The head drafting its ``top_k`` most likely next tokens (one level), a fresh drafter each call."""
+    return presets.eagle3(head, DynamicTree(depth=1, top_k=top_k, budget=top_k)).drafter
 
 
 if __name__ == "__main__":
