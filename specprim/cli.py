@@ -110,7 +110,7 @@ def generate_command(args: argparse.Namespace) -> int:
 
 def datastore_command(args: argparse.Namespace) -> int:
     try:
-        _, tokenizer = models.load(args.target)
+        tokenizer = models.load_tokenizer(args.target)
         texts = [text for path in args.inputs for text in models.read_texts(path)]
         store = Datastore.from_texts(texts, tokenizer, max_ngram=args.max_ngram, min_ngram=args.min_ngram)
     except (ValueError, OSError) as error:

@@ -364,7 +364,8 @@ def test_the_datastore_command_builds_from_text_files(tmp_path, capsys):
     tokenizer.save_pretrained(tmp_path / "target")
     records = tmp_path / "corpus.jsonl"
     records.write_text('"t5 t6 t7"\n{"text": "t8 t9"}\n\n[{"role": "user", "content": "t2"}, '
-                       '{"role": "assistant", "content": "t3 t4"}]\n{"messages": [{"from": "gpt", "value": "t6 t6"}]}\n')
+                       '{"role": "assistant", "content": "t3 t4"}]\n'
+                       '{"messages": [{"from": "gpt", "value": "t6 t6"}]}\n')
     plain = tmp_path / "notes.txt"
     plain.write_text("t7 t8\nt9")
     assert read_texts(records) == ["t5 t6 t7", "t8 t9", "t3 t4", "t6 t6"] and read_texts(plain) == ["t7 t8\nt9"]

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 
 from specprim.drafters import Datastore
-from specprim.models import load
+from specprim.models import load_tokenizer
 
 
 def main() -> None:
@@ -23,7 +23,7 @@ def main() -> None:
     parser.add_argument("conversations", type=Path, help="prepare_data.py's distilled.jsonl (one message list a line)")
     parser.add_argument("out", type=Path, help="the datastore directory to write datastore.npz into")
     args = parser.parse_args()
-    _, tokenizer = load("smollm2-135m-instruct")
+    tokenizer = load_tokenizer("smollm2-135m-instruct")
     answers = [json.loads(line)[-1]["content"] for line in args.conversations.open()]
     store = Datastore.from_texts([a for a in answers if a], tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)

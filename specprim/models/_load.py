@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -9,6 +10,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,22 +86,10 @@ def load(
         raise ValueError("pack and compile exclude each other: compiling with freezing packs the weights itself")
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
-    if isinstance(name_or_path, EmbeddedModel):
-        source: str | os.PathLike[str] = ensure_cached(name_or_path)
-    elif str(name_or_path) in KNOWN_MODELS:
-        source = ensure_cached(KNOWN_MODELS[str(name_or_path)])
-    else:
-        source = name_or_path
-    try:
+    source = _source(name_or_path)
+    with _load_errors(source):
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map)
         tokenizer = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as err:
-        if Path(source).exists():
-            raise
-        raise OSError(
-            f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
-            f"not an existing local directory, and loading it as a Hugging Face model id failed: {err}"
-        ) from err
     if quantize is not None:
         quantize_weights(model, quantize)
     if pack:
@@ -108,6 +98,38 @@ def load(
     if compile:
         compile_forward(model)
     return model, tokenizer
+
+
+def load_tokenizer(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PreTrainedTokenizerBase:
+    """The tokenizer :func:`load` would return for ``name_or_path``, without loading the model's weights (a known
+    model is still fetched and converted on first use). Raises ``OSError`` like :func:`load`."""
+    source = _source(name_or_path)
+    with _load_errors(source):
+        return AutoTokenizer.from_pretrained(source)
+
+
+def _source(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> str | os.PathLike[str]:
+    """What ``from_pretrained`` reads: the cached conversion of a known model, else ``name_or_path`` itself."""
+    if isinstance(name_or_path, EmbeddedModel):
+        return ensure_cached(name_or_path)
+    if str(name_or_path) in KNOWN_MODELS:
+        return ensure_cached(KNOWN_MODELS[str(name_or_path)])
+    return name_or_path
+
+
+@contextlib.contextmanager
+def _load_errors(source: str | os.PathLike[str]) -> Iterator[None]:
+    """Turn a failed ``from_pretrained`` of a source that is not a local path into an ``OSError`` naming the known
+    models."""
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        if Path(source).exists():
+            raise
+        raise OSError(
+            f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
+            f"not an existing local directory, and loading it as a Hugging Face model id failed: {err}"
+        ) from err
 
 
 def ensure_cached(model: EmbeddedModel) -> Path:
