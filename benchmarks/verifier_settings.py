@@ -6,14 +6,17 @@ measured here, each against the same settings with it switched off:
 * ``concat-linear``: inductor's ``cpp.enable_concat_linear``; under freezing, linears that read the same input (a
   Llama layer's ``q/k/v`` and ``gate/up`` projections) become one matrix product each, 4 instead of 7 per layer;
 * ``gqa``: attention on the key/value heads as they are (``enable_gqa`` in ``scaled_dot_product_attention``)
-  instead of transformers repeating them to the query heads, which it does whenever a mask is passed.
+  instead of transformers repeating them to the query heads, which it does whenever a mask is passed;
+* ``window``: attention over the cache slots up to the last one written (``specprim.hf.windowed_attention``)
+  instead of over the whole static cache (512 slots here).
 
 The script loads the target twice (so that each copy compiles its own graphs), compiles a ``StaticTarget`` for each,
 one with the setting and one without, checks that both pick the same tokens, and times verification of 1, 4, 8 and
 16 tokens alternating between the two (the median of 6 rounds of 8 forwards each), so that the machine's drift
 affects both alike. Compiling takes ~10 minutes on 2 cores.
 
-    python benchmarks/verifier_settings.py --setting concat-linear     # or --setting gqa
+    python benchmarks/verifier_settings.py --setting concat-linear     # or --setting gqa, --setting window
+    python benchmarks/verifier_settings.py --setting window --past 250  # the context length before the tokens
 """
 
 from __future__ import annotations
@@ -28,12 +31,14 @@ from unittest import mock
 
 import torch
 from torch._inductor import config as inductor_config
+from transformers import PretrainedConfig
 
 from specprim import DraftTree, models
 from specprim.hf import StaticTarget, _static_target
 
 SIZES = (1, 4, 8, 16)
 _settings = _static_target.compiled_settings
+_windowed_attention = _static_target.windowed_attention
 _switched_on = {"on": True}
 
 
@@ -42,6 +47,13 @@ def _off(setting: str) -> contextlib.AbstractContextManager[None]:
     if setting == "concat-linear":
         return inductor_config.patch({"cpp.enable_concat_linear": False})
     return mock.patch.dict(os.environ, {_static_target.FORCE_GQA: "0"})
+
+
+@contextlib.contextmanager
+def _switchable_window(config: PretrainedConfig) -> Iterator[bool]:
+    """specprim's windowed attention when ``_switched_on["on"]``, else the whole cache on the model's own attention."""
+    with _windowed_attention(config) if _switched_on["on"] else contextlib.nullcontext(False) as windowed:
+        yield windowed
 
 
 def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContextManager[None]]:
@@ -55,12 +67,11 @@ def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContex
     return settings
 
 
-def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, queries: int, repeats: int
-              ) -> tuple[float, torch.Tensor]:
-    """Mean milliseconds of verifying ``queries`` tokens (root + a chain) after ``context[:, :100]``, and the logits
+def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, queries: int, repeats: int,
+              past: int) -> tuple[float, torch.Tensor]:
+    """Mean milliseconds of verifying ``queries`` tokens (root + a chain) after ``context[:, :past]``, and the logits
     (1, queries, V) of the last forward."""
     _switched_on["on"] = setting_on
-    past = 100
     tree = DraftTree(tokens=context[:, past + 1 : past + queries], parents=torch.arange(queries - 1) - 1)
     verifier.start(context[:, : past + 1])
     start = time.perf_counter()
@@ -72,30 +83,34 @@ def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, q
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=["concat-linear", "gqa"], required=True)
+    parser.add_argument("--setting", choices=["concat-linear", "gqa", "window"], required=True)
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--past", type=int, default=100, help="context tokens before the verified ones (< 480)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    _static_target.compiled_settings = _switchable_settings(args.setting)  # StaticTarget looks it up at every call
+    if args.setting == "window":  # StaticTarget looks both up at every call
+        _static_target.windowed_attention = _switchable_window
+    else:
+        _static_target.compiled_settings = _switchable_settings(args.setting)
     verifiers = {setting_on: StaticTarget(models.load(args.target, dtype=torch.bfloat16, pack=True)[0])
                  for setting_on in (False, True)}
     vocab = verifiers[False].vocab_size
-    context = torch.randint(0, vocab, (1, 120), generator=torch.Generator().manual_seed(0))
+    context = torch.randint(0, vocab, (1, args.past + 20), generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
     for queries in SIZES:
-        logits = {on: verify_ms(v, on, context, queries, 1)[1] for on, v in verifiers.items()}
+        logits = {on: verify_ms(v, on, context, queries, 1, args.past)[1] for on, v in verifiers.items()}
         same = torch.equal(logits[False].argmax(-1), logits[True].argmax(-1))
         print(f"{queries} tokens: same argmax {same}, max |logit difference| "
               f"{(logits[False] - logits[True]).abs().max().item():.3g}")
-    print(f"{args.target}, bfloat16, {args.threads} threads, {args.setting}; compiled in "
+    print(f"{args.target}, bfloat16, {args.threads} threads, {args.setting}, {args.past} tokens before; compiled in "
           f"{time.perf_counter() - start:.0f} s")
     times: dict[tuple[int, bool], list[float]] = {(q, c): [] for q in SIZES for c in (False, True)}
     for round_ in range(args.rounds):
         for queries in SIZES:
             for on in (False, True) if round_ % 2 else (True, False):
-                times[(queries, on)].append(verify_ms(verifiers[on], on, context, queries, 8)[0])
+                times[(queries, on)].append(verify_ms(verifiers[on], on, context, queries, 8, args.past)[0])
     print(f"| tokens | without {args.setting} ms | with {args.setting} ms | ratio |")
     print("|---|---|---|---|")
     for queries in SIZES:

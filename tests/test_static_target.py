@@ -9,6 +9,7 @@ import pytest
 import torch
 from _tiny import tiny_causal_lm, tiny_tokenizer
 from test_eagle import PROMPT, hf_greedy, make_head, trained_eagle3
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specprim import DraftTree, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
@@ -16,6 +17,8 @@ from specprim.bench import run
 from specprim.drafters import PromptLookup
 from specprim.drafters._eagle_draft import eagle_drafter
 from specprim.hf import HFTarget, StaticTarget, _static_target, query_bucket
+from specprim.hf._windowed_attention import WINDOWED_SDPA, windowed_attention, windowed_sdpa_forward
+from specprim.masks import additive_mask
 from specprim.trees import DynamicTree
 
 BRANCHING = DynamicTree(depth=3, top_k=3, budget=9)
@@ -76,6 +79,74 @@ def test_hidden_states_and_logits_equal_the_dynamic_cache_verifier():
     torch.testing.assert_close(logits_static, logits_dynamic)
     for a, b in zip(hidden_static, hidden_dynamic, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_windowed_sdpa_equals_sdpa_over_the_whole_cache():
+    """Attention over the first W slots equals SDPA over all L slots with the mask padded by masked columns."""
+    generator = torch.Generator().manual_seed(0)
+    query = torch.randn(1, 4, 3, 8, generator=generator)  # (B, heads, Q, D)
+    key, value = torch.randn(2, 1, 2, 20, 8, generator=generator)  # (B, kv heads, L, D) each
+    allowed = torch.rand(1, 1, 3, 12, generator=generator) < 0.6  # (1, 1, Q, W)
+    allowed[..., 0] = True
+    module = torch.nn.Module()
+    module.num_key_value_groups, module.is_causal = 2, True
+    windowed, _ = windowed_sdpa_forward(module, query, key, value, additive_mask(allowed[0, 0], dtype=torch.float32))
+    whole = torch.zeros(1, 1, 3, 20, dtype=torch.bool)
+    whole[..., :12] = allowed
+    reference, _ = sdpa_attention_forward(module, query, key, value, additive_mask(whole[0, 0], dtype=torch.float32))
+    assert windowed.shape == (1, 3, 4, 8)
+    torch.testing.assert_close(windowed, reference)
+
+
+def test_windowed_attention_switches_only_sdpa_and_nests():
+    target = tiny_causal_lm("llama")
+    with windowed_attention(target.config) as windowed:
+        assert windowed and target.config._attn_implementation == WINDOWED_SDPA
+        with windowed_attention(target.config) as inner:
+            assert inner and target.config._attn_implementation == WINDOWED_SDPA
+        assert target.config._attn_implementation == WINDOWED_SDPA
+    assert target.config._attn_implementation == "sdpa"
+    target.set_attn_implementation("eager")
+    with windowed_attention(target.config) as windowed:
+        assert not windowed and target.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_attention_reads_only_the_cache_slots_written_so_far(implementation):
+    """On SDPA each forward's mask (and so its attention) ends at the last slot written; on any other attention
+    implementation it spans the cache as before. Both compute what the dynamic-cache verifier computes, and the
+    model's own setting is back after every call."""
+    target = tiny_causal_lm("llama")
+    target.set_attn_implementation(implementation)
+    static, dynamic = StaticTarget(target, compile=False), HFTarget(target)
+    widths = []
+    forward = static._forward_layers
+    static._forward_layers = lambda ids, positions, mask, layers: widths.append(mask.shape[-1]) or forward(
+        ids, positions, mask, layers)
+    static.start(PROMPT), dynamic.start(PROMPT)
+    tree = DraftTree(tokens=torch.tensor([[11, 12, 13, 14, 15]]), parents=torch.tensor([-1, 0, -1, 2, 1]))
+    logits_static, _ = static.verify(PROMPT[:, -1], tree)  # 6 tokens, padded to 8
+    logits_dynamic, _ = dynamic.verify(PROMPT[:, -1], tree)
+    torch.testing.assert_close(logits_static, logits_dynamic)
+    past = PROMPT.shape[1] - 1
+    assert widths == [past + 8 if implementation == "sdpa" else static.cache_length]
+    assert static.cache_length == 512 and target.config._attn_implementation == implementation
+
+
+def test_compiled_verification_attends_on_any_window_with_one_graph():
+    """The window's width is dynamic in the compiled graph: verifying after a longer context compiles nothing new."""
+    target, graphs = tiny_causal_lm("llama"), torch._dynamo.utils.counters["stats"]
+    verifier, reference = StaticTarget(target), HFTarget(target)
+    tree = DraftTree(tokens=torch.tensor([[11, 12, 13]]), parents=torch.tensor([-1, 0, 1]))
+    before = graphs["unique_graphs"]
+    verifier.start(PROMPT[:, :4])
+    verifier.verify(PROMPT[:, 3], tree)  # a window of 3 + 4 slots
+    compiled = graphs["unique_graphs"]
+    verifier.start(PROMPT)
+    logits, _ = verifier.verify(PROMPT[:, -1], tree)  # a window of len(PROMPT) - 1 + 4 slots
+    assert compiled > before and graphs["unique_graphs"] == compiled
+    reference.start(PROMPT)
+    torch.testing.assert_close(logits, reference.verify(PROMPT[:, -1], tree)[0], rtol=1e-4, atol=1e-4)
 
 
 def test_a_verifier_that_skips_the_cache_move_is_caught(trained):

@@ -19,6 +19,7 @@ from specprim.hf._static_target import (
     query_bucket,
     write_from,
 )
+from specprim.hf._windowed_attention import windowed_attention
 from specprim.masks import additive_mask, tree_extension_mask
 
 __all__ = ["StaticEagleDraftModel"]
@@ -35,13 +36,15 @@ class StaticEagleDraftModel(EagleDraftModel):
     * every head forward after the first request of a generation (the newly committed pairs in ``begin``, a batch
       of nodes in ``extend``) is padded to :func:`specprim.hf.query_bucket` rows; padding rows see only themselves
       and write cache slots no real row reads before they are overwritten;
-    * the first request (the prompt's pairs) runs eagerly, unpadded.
+    * the first request (the prompt's pairs) runs eagerly, unpadded;
+    * on SDPA, attention reads the cache only up to the last slot a forward writes
+      (:func:`specprim.hf.windowed_attention`).
 
     With ``compile=True`` the step (head layers, final norm, draft LM head, scatter to the target vocabulary) is
-    compiled with ``fullgraph=True`` and static shapes under the settings :class:`specprim.hf.StaticTarget` uses:
-    one compilation per (padded size, cache length). Guarantees: with ``compile=False`` the logits equal
-    :class:`EagleDraftModel`'s (tested to 1e-5 in fp32); compiled, up to floating-point rounding. Either way the
-    drafter stays lossless, as every draft is verified. On a 2-core CPU it drafts no faster than
+    compiled with ``fullgraph=True`` and static shapes under the settings :class:`specprim.hf.StaticTarget` uses: one
+    compilation per (padded size, cache length), the attended width dynamic. Guarantees: with ``compile=False`` the
+    logits equal :class:`EagleDraftModel`'s (tested to 1e-5 in fp32); compiled, up to floating-point rounding. Either
+    way the drafter stays lossless, as every draft is verified. On a 2-core CPU it drafts no faster than
     :class:`EagleDraftModel` for the shipped SmolLM2 head (see docs/generate.md).
     """
 
@@ -132,18 +135,21 @@ class StaticEagleDraftModel(EagleDraftModel):
         inputs[:, :count] = hidden
         rows = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,) padding at the first row's position
         rows[:count] = positions.cpu()
-        full = padded_mask(allowed, padded, length, write_at)  # (Q, L)
-        mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, L)
         write_from(self.cache, write_at)
         step = self._head_step if eager else self._step
-        with compiled_settings(self._device.type) if self.compiled and not eager else contextlib.nullcontext():
+        with (windowed_attention(self.head.layer_config) as windowed,
+              compiled_settings(self._device.type) if self.compiled and not eager else contextlib.nullcontext()):
+            width = max(write_at + padded, allowed.shape[1]) if windowed else length  # up to the last slot written
+            full = padded_mask(allowed, padded, width, write_at)  # (Q, W)
+            mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, W)
+            torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
             predicted, logits = step(ids, inputs, rows.view(1, -1).to(self._device), mask)
         return predicted[:, :count], logits[:, :count]
 
     def _head_step(
         self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """ids (1, Q), input features (1, Q, d), positions (1, Q), additive mask (1, 1, Q, L) -> predicted features
+        """ids (1, Q), input features (1, Q, d), positions (1, Q), additive mask (1, 1, Q, W <= L) -> predicted features
         (1, Q, d) and float32 target-vocabulary logits (1, Q, V); writes the Q new KV entries into the cache."""
         predicted = self.head.predict(ids, hidden, position_ids=positions, attention_mask=mask, cache=self.cache)
         return predicted, self.head.logits(predicted)

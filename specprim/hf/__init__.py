@@ -14,6 +14,7 @@ from specprim.hf._target import (
 )
 from specprim.hf._tokenizers import check_tokenizers_compatible
 from specprim.hf._truncate import num_layers, truncated_view
+from specprim.hf._windowed_attention import windowed_attention, windowed_sdpa_forward
 
 __all__ = [
     "BatchedHFTarget",
@@ -30,4 +31,6 @@ __all__ = [
     "sliding_window",
     "truncated_view",
     "vocab_size",
+    "windowed_attention",
+    "windowed_sdpa_forward",
 ]
