@@ -10,7 +10,7 @@ from specprim import presets, speculative_generate
 from specprim.acceptance import Greedy
 from specprim.cli import chat_input_ids
 from specprim.drafters import EagleHead, MedusaHeads
-from specprim.models import _heads, head_path, known_heads, load, load_head
+from specprim.models import _heads, head_path, is_packed, known_heads, load, load_head, pack_weights
 
 SHIPPED = ("smollm2-135m-instruct-eagle3", "smollm2-135m-instruct-medusa")
 # random heads reach tau 1.00 (EAGLE-3) and 1.09 (Medusa) on this prompt; the shipped ones 1.3+ and 1.2
@@ -33,6 +33,26 @@ def test_load_head_dispatches_on_the_saved_class_and_resolves_names(tmp_path, mo
     (tmp_path / "odd" / "config.json").write_text(json.dumps({"head": "Mystery", "config": {}}))
     with pytest.raises(ValueError, match="Mystery"):
         load_head("odd", target)
+
+
+def test_a_head_loaded_onto_a_packed_target_is_packed_and_computes_the_same(tmp_path, monkeypatch):
+    """Packed target, packed head: bit for bit the stock head's outputs; an unpacked target's head stays stock."""
+    target = tiny_causal_lm("llama").to(torch.bfloat16)
+    monkeypatch.setattr(_heads, "HEADS_DIR", tmp_path)
+    EagleHead.from_target(target, version=3).save_pretrained(tmp_path / "tiny-eagle3")
+    MedusaHeads.from_target(target).save_pretrained(tmp_path / "tiny-medusa")
+    stock = {name: load_head(name, target) for name in known_heads()}
+    assert not any(is_packed(head) for head in stock.values())
+    pack_weights(target)
+    packed = {name: load_head(name, target) for name in known_heads()}
+    assert all(is_packed(head) for head in packed.values())
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, 5, 3 * 32, generator=generator).to(torch.bfloat16)  # three fused target features
+    ids = torch.randint(2, 97, (1, 5), generator=generator)
+    logits = [head(ids, head.fuse(list(hidden.split(32, dim=-1)))).draft_logits  # (1, 5, V)
+              for head in (stock["tiny-eagle3"], packed["tiny-eagle3"])]
+    assert torch.equal(*logits)
+    assert torch.equal(stock["tiny-medusa"](hidden[0, :, :32]), packed["tiny-medusa"](hidden[0, :, :32]))
 
 
 def test_the_shipped_heads_are_installed_and_within_the_size_budget():

@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specprim.models._pack import is_packed, pack_weights
+
 __all__ = ["HEADS_DIR", "head_path", "known_heads", "load_head"]
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -41,7 +43,10 @@ def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     """Load a shipped head by name (see :func:`known_heads`) or any saved head directory onto ``target``.
 
     The class (``EagleHead``, ``MedusaHeads``, ``MTPHead``) is read from the saved ``config.json``; the head's
-    own ``from_pretrained`` checks that ``target`` is the model it was trained for.
+    own ``from_pretrained`` checks that ``target`` is the model it was trained for. Onto a target with packed
+    weights (:func:`specprim.models.pack_weights`, ``load(..., pack=True)``) the head's own linear layers are packed
+    too: the same outputs (bit for bit per layer), drafted faster on CPU; such a head is for inference (packing
+    copies the weights once, so training it would not change its outputs).
     """
     from specprim.drafters import EagleHead, MedusaHeads, MTPHead
 
@@ -50,4 +55,5 @@ def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     classes = {cls.__name__: cls for cls in (EagleHead, MedusaHeads, MTPHead)}
     if kind not in classes:
         raise ValueError(f"{directory} holds a {kind!r} checkpoint; known head classes: {sorted(classes)}")
-    return classes[kind].from_pretrained(directory, target)
+    head = classes[kind].from_pretrained(directory, target)
+    return pack_weights(head) if is_packed(target) else head
