@@ -8,6 +8,7 @@ from _tiny import tiny_causal_lm
 
 from specprim import presets, speculative_generate
 from specprim.acceptance import Greedy
+from specprim.bench._memory import extra_parameters
 from specprim.cli import chat_input_ids
 from specprim.drafters import EagleHead, MedusaHeads
 from specprim.models import _heads, head_path, is_packed, known_heads, load, load_head, pack_weights
@@ -53,6 +54,10 @@ def test_a_head_loaded_onto_a_packed_target_is_packed_and_computes_the_same(tmp_
               for head in (stock["tiny-eagle3"], packed["tiny-eagle3"])]
     assert torch.equal(*logits)
     assert torch.equal(stock["tiny-medusa"](hidden[0, :, :32]), packed["tiny-medusa"](hidden[0, :, :32]))
+    for name, head in packed.items():  # the bench counts a packed head's parameters once, not its packed copies
+        assert extra_parameters([head], target) == extra_parameters([stock[name]], target)
+        assert extra_parameters([head], target).count == sum(
+            t.numel() for t in (*stock[name].parameters(), *stock[name].buffers())) > 0
 
 
 def test_the_shipped_heads_are_installed_and_within_the_size_budget():

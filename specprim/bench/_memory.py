@@ -36,13 +36,15 @@ def _storage_key(tensor: torch.Tensor) -> int:
 
 
 def extra_parameters(modules: Iterable[torch.nn.Module], target: torch.nn.Module) -> ParameterCount:
-    """Parameters and buffers of ``modules`` that ``target`` does not share (same storage), counted once."""
+    """Parameters and buffers of ``modules`` that ``target`` does not share (same storage), counted once. The
+    oneDNN-packed copy of a packed layer's weight (:class:`specprim.models.PackedLinear`) is a second layout of a
+    parameter, not a parameter: it is not counted (the peak-memory column shows what it costs)."""
     shared = {_storage_key(t) for t in (*target.parameters(), *target.buffers()) if t.device.type != "meta"}
     seen: set[int] = set()
     count = size = 0
     for module in modules:
         for tensor in (*module.parameters(), *module.buffers()):
-            if tensor.device.type == "meta":
+            if tensor.device.type == "meta" or tensor.is_mkldnn:  # not stored, or a packed copy of a weight
                 continue
             pointer = _storage_key(tensor)
             if pointer in shared or pointer in seen:
