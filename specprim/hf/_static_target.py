@@ -58,7 +58,7 @@ class StaticTarget(ModelRunner):
     * the layers run in a loop of this class's own, so the hidden states EAGLE drafters need come out of the
       same graph without hooks;
     * on SDPA (the default), attention reads the cache only up to the last slot a forward writes, not all of it
-      (:func:`specprim.hf.windowed_attention`; 11-13 % cheaper SmolLM2 forwards after a 100-token context here);
+      (:func:`specprim.hf.windowed_attention`; 9-13 % cheaper SmolLM2 forwards after a 100-token context here);
       other attention implementations attend over the whole cache, masked.
 
     With ``compile=True`` that loop is ``torch.compile``d with ``fullgraph=True`` and static shapes (inductor freezing
