@@ -39,6 +39,7 @@ from specprim.drafters import (
 from specprim.hf import num_layers
 from specprim.models._datastores import known_datastores, load_datastore
 from specprim.models._heads import head_path, known_heads
+from specprim.models._pack import pack_like
 from specprim.trees import Chain, TreeBuilder, parse_tree
 
 
@@ -174,7 +175,8 @@ def from_name(
 
     ``draft`` is the draft model for ``"leviathan"``; ``head`` a directory saved by a head's
     ``save_pretrained``, or a shipped head's name (:func:`specprim.models.known_heads`), for ``"medusa"``,
-    ``"eagle"``, ``"eagle3"`` and ``"mtp"``; ``num_draft`` overrides the draft length of chain presets;
+    ``"eagle"``, ``"eagle3"`` and ``"mtp"`` (its linears packed when the target's are:
+    :func:`specprim.models.pack_like`); ``num_draft`` overrides the draft length of chain presets;
     ``exit_layer`` the early-exit layer (default: half the target's layers); ``draft_vocab_size`` a reduced
     vocabulary for the draft model of ``"leviathan"`` (see :func:`leviathan`); ``tree`` replaces the preset's tree
     shape (a builder or a spec string for :func:`specprim.trees.parse_tree`, e.g. one chosen by ``specprim tune``);
@@ -230,13 +232,14 @@ class _Options:
             raise ValueError(f"method {name!r} needs a draft model (a small LM with the target's tokenizer)")
         return self.draft
 
-    def require_head(self, name: str) -> str:
+    def require_head(self, name: str, head_class: Any) -> Any:
+        """The head for method ``name``, loaded as ``head_class`` onto the target (packed when the target is)."""
         if self.head is None:
             raise ValueError(
                 f"method {name!r} needs a trained head: a directory saved with save_pretrained or the name of a "
                 f"shipped head ({', '.join(known_heads()) or 'none installed'})"
             )
-        return str(head_path(self.head))
+        return pack_like(head_class.from_pretrained(str(head_path(self.head)), self.target), self.target)
 
     def require_datastore(self, name: str) -> Datastore:
         if self.datastore is None:
@@ -264,10 +267,10 @@ _BY_NAME: dict[str, Callable[[_Options], Method]] = {
     "prompt-lookup": lambda o: prompt_lookup(num_tokens=o.length(8)),
     "datastore": lambda o: datastore(o.require_datastore("datastore"), num_tokens=o.length(4)),
     "early-exit": _early_exit_by_name,
-    "medusa": lambda o: medusa(MedusaHeads.from_pretrained(o.require_head("medusa"), o.target)),
-    "eagle": lambda o: eagle(EagleHead.from_pretrained(o.require_head("eagle"), o.target)),
-    "eagle3": lambda o: eagle3(EagleHead.from_pretrained(o.require_head("eagle3"), o.target)),
-    "mtp": lambda o: mtp(MTPHead.from_pretrained(o.require_head("mtp"), o.target), k=o.length(3)),
+    "medusa": lambda o: medusa(o.require_head("medusa", MedusaHeads)),
+    "eagle": lambda o: eagle(o.require_head("eagle", EagleHead)),
+    "eagle3": lambda o: eagle3(o.require_head("eagle3", EagleHead)),
+    "mtp": lambda o: mtp(o.require_head("mtp", MTPHead), k=o.length(3)),
 }
 NAMES: tuple[str, ...] = tuple(_BY_NAME)
 

@@ -47,6 +47,8 @@ def test_a_head_loaded_onto_a_packed_target_is_packed_and_computes_the_same(tmp_
     pack_weights(target)
     packed = {name: load_head(name, target) for name in known_heads()}
     assert all(is_packed(head) for head in packed.values())
+    assert is_packed(presets.from_name("eagle3", target=target, head="tiny-eagle3").drafter.model.head)  # as --head
+    assert is_packed(presets.from_name("medusa", target=target, head="tiny-medusa").drafter.model.heads)
     generator = torch.Generator().manual_seed(0)
     hidden = torch.randn(1, 5, 3 * 32, generator=generator).to(torch.bfloat16)  # three fused target features
     ids = torch.randint(2, 97, (1, 5), generator=generator)

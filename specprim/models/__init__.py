@@ -12,7 +12,7 @@ from specprim.models._datastores import datastore_path, known_datastores, load_d
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, gguf_path, load, load_tokenizer
-from specprim.models._pack import PackedLinear, is_packed, pack_weights, stock_kernels
+from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights, stock_kernels
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
 from specprim.models._quantize import Int8Linear, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
@@ -42,6 +42,7 @@ __all__ = [
     "load_datastore",
     "load_tokenizer",
     "load_head",
+    "pack_like",
     "pack_weights",
     "quantize_weights",
     "read_texts",

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from specprim.models._pack import is_packed, pack_weights
+from specprim.models._pack import pack_like
 
 __all__ = ["HEADS_DIR", "head_path", "known_heads", "load_head"]
 
@@ -55,5 +55,4 @@ def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     classes = {cls.__name__: cls for cls in (EagleHead, MedusaHeads, MTPHead)}
     if kind not in classes:
         raise ValueError(f"{directory} holds a {kind!r} checkpoint; known head classes: {sorted(classes)}")
-    head = classes[kind].from_pretrained(directory, target)
-    return pack_weights(head) if is_packed(target) else head
+    return pack_like(classes[kind].from_pretrained(directory, target), target)

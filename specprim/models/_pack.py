@@ -111,6 +111,13 @@ def pack_weights(model: nn.Module) -> nn.Module:
     return model
 
 
+def pack_like(module: nn.Module, target: nn.Module) -> nn.Module:
+    """``module`` (a draft head loaded onto ``target``) with its linears packed, in place, when ``target``'s are
+    (:func:`pack_weights`); else ``module`` as it is. A packed head computes the same outputs, bit for bit per layer,
+    and drafts faster on CPU; it is for inference (its packed copies do not follow training updates)."""
+    return pack_weights(module) if is_packed(target) and not is_packed(module) else module
+
+
 def _check_packable(weight: torch.Tensor) -> None:
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
         raise RuntimeError(f"weight packing is for bfloat16 weights on CPU; got {weight.dtype} on {weight.device}. "
