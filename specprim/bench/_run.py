@@ -160,7 +160,7 @@ def run(
         quantize: ``None`` or ``"int8"``: weight-only quantize the target (see
             :func:`specprim.models.quantize_weights`); the ``hf`` baseline and every method run that same model.
             A loaded ``target`` is quantized in place.
-        pack: pre-pack the target's (and draft's) bfloat16 linear layers for oneDNN (:func:`specprim.models.
+        pack: pre-pack the target's (and draft's, and heads') bfloat16 linear layers for oneDNN (:func:`specprim.models.
             pack_weights`); ``hf`` and every method run the packed model, and ``hf-unpacked`` times the stock kernels.
         compile: ``torch.compile`` the target's (and draft's) forward (:func:`specprim.models.compile_forward`);
             ``hf`` and every method run the compiled model. Compilation happens in the untimed warm-up, so raise
