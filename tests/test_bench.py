@@ -263,3 +263,16 @@ def test_predict_adds_the_speedup_model_and_tree_replaces_the_presets_shape(targ
     without = bench.run(target=target, tokenizer=tokenizer, methods=["prompt-lookup"], prompts=PROMPTS[1:],
                         max_new_tokens=4)
     assert "predicted" not in without.markdown()
+
+
+def test_a_unions_heads_and_draft_models_count_as_its_parameters():
+    """``modules_of`` reaches the modules of every part of a union (four attribute levels down), counted once."""
+    from specprim.bench._methods import modules_of
+    from specprim.drafters import EagleHead, MedusaHeads
+
+    target = tiny_causal_lm("llama")
+    eagle, medusa = EagleHead.from_target(target, version=3), MedusaHeads.from_target(target)
+    union = presets.union(presets.eagle3(eagle), presets.medusa(medusa), presets.prompt_lookup())
+    found = modules_of(union.drafter)
+    assert any(m is eagle for m in found) and any(m is medusa for m in found)
+    assert len({id(m) for m in found}) == len(found)

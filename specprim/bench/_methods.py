@@ -152,9 +152,10 @@ class SpecprimGenerate:
                           target_forwards=forwards)
 
 
-def modules_of(obj: object, depth: int = 3) -> tuple[torch.nn.Module, ...]:
+def modules_of(obj: object, depth: int = 6) -> tuple[torch.nn.Module, ...]:
     """The ``torch.nn.Module`` objects held by ``obj``'s attributes, searched ``depth`` levels deep
-    (a drafter's draft model, heads, or a draft model inside a tree builder), each once."""
+    (a drafter's draft model, heads, or a draft model inside a tree builder; a union's parts' heads sit four levels
+    down: union -> parts list -> tree drafter -> draft model -> head), each once."""
     found: dict[int, torch.nn.Module] = {}
 
     def visit(value: object, level: int) -> None:
