@@ -11,6 +11,7 @@ dynamic (one graph for every length).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,10 +54,16 @@ def windowed_attention(config: PretrainedConfig) -> Iterator[bool]:
     if config._attn_implementation != "sdpa":
         yield False
         return
-    AttentionInterface.register(WINDOWED_SDPA, windowed_sdpa_forward)
-    AttentionMaskInterface.register(WINDOWED_SDPA, sdpa_mask)
+    _register()
     config._attn_implementation = WINDOWED_SDPA
     try:
         yield True
     finally:
         config._attn_implementation = "sdpa"
+
+
+@functools.cache
+def _register() -> None:
+    """Register :func:`windowed_sdpa_forward` (and SDPA's mask builder) under :data:`WINDOWED_SDPA`, once."""
+    AttentionInterface.register(WINDOWED_SDPA, windowed_sdpa_forward)
+    AttentionMaskInterface.register(WINDOWED_SDPA, sdpa_mask)
