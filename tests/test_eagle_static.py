@@ -117,9 +117,9 @@ def test_batches_raise(trained):
 
 def test_static_drafting_swaps_every_eagle_part_and_keeps_the_rest(trained):
     target, head = trained
-    union = UnionDrafter(eagle_drafter(head, BRANCHING), PromptLookup())
+    union = UnionDrafter(eagle_drafter(head, BRANCHING), PromptLookup(), max_nodes=5)
     swapped = static_drafting(union, compile=False, min_cache_length=64)
-    assert isinstance(swapped, UnionDrafter)
+    assert isinstance(swapped, UnionDrafter) and swapped.max_nodes == 5
     eagle_part, lookup = swapped.drafters
     assert type(eagle_part.model) is StaticEagleDraftModel and eagle_part.model.head is head
     assert eagle_part.tree is BRANCHING and lookup is union.drafters[1]

@@ -25,7 +25,7 @@ def static_drafting(drafter: Drafter, *, compile: bool = True, min_cache_length:
     """
     if isinstance(drafter, UnionDrafter):
         return UnionDrafter(*(static_drafting(part, compile=compile, min_cache_length=min_cache_length)
-                              for part in drafter.drafters))
+                              for part in drafter.drafters), max_nodes=drafter.max_nodes)
     if not isinstance(drafter, TreeDrafter):
         return drafter
     model: StaticEagleDraftModel | StaticLMDraftModel
