@@ -8,14 +8,16 @@ measured here, each against the same settings with it switched off:
 * ``gqa``: attention on the key/value heads as they are (``enable_gqa`` in ``scaled_dot_product_attention``)
   instead of transformers repeating them to the query heads, which it does whenever a mask is passed;
 * ``window``: attention over the cache slots up to the last one written (``specprim.hf.windowed_attention``)
-  instead of over the whole static cache (512 slots here).
+  instead of over the whole static cache (512 slots here);
+* ``cpp-gemm``: forwards of at most ``CPP_GEMM_MAX_TOKENS`` (4) padded tokens multiplying through inductor's C++ GEMM
+  template instead of oneDNN (``--cpp-gemm-max-tokens 16`` times the template at every size).
 
 The script loads the target twice (so that each copy compiles its own graphs), compiles a ``StaticTarget`` for each,
 one with the setting and one without, checks that both pick the same tokens, and times verification of 1, 4, 8 and
 16 tokens alternating between the two (the median of 6 rounds of 8 forwards each), so that the machine's drift
 affects both alike. Compiling takes ~10 minutes on 2 cores.
 
-    python benchmarks/verifier_settings.py --setting concat-linear     # or --setting gqa, --setting window
+    python benchmarks/verifier_settings.py --setting concat-linear     # or gqa, window, cpp-gemm
     python benchmarks/verifier_settings.py --setting window --past 250  # the context length before the tokens
 """
 
@@ -46,6 +48,8 @@ def _off(setting: str) -> contextlib.AbstractContextManager[None]:
     """What switches ``setting`` off inside specprim's compiled settings."""
     if setting == "concat-linear":
         return inductor_config.patch({"cpp.enable_concat_linear": False})
+    if setting == "cpp-gemm":
+        return mock.patch.object(_static_target, "CPP_GEMM_MAX_TOKENS", 0)
     return mock.patch.dict(os.environ, {_static_target.FORCE_GQA: "0"})
 
 
@@ -60,8 +64,8 @@ def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContex
     """specprim's compiled settings, with ``setting`` on or off as ``_switched_on["on"]`` says."""
 
     @contextlib.contextmanager
-    def settings(device_type: str = "cpu") -> Iterator[None]:
-        with _settings(device_type), contextlib.nullcontext() if _switched_on["on"] else _off(setting):
+    def settings(device_type: str = "cpu", tokens: int | None = None) -> Iterator[None]:
+        with contextlib.nullcontext() if _switched_on["on"] else _off(setting), _settings(device_type, tokens):
             yield
 
     return settings
@@ -83,13 +87,16 @@ def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, q
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=["concat-linear", "gqa", "window"], required=True)
+    parser.add_argument("--setting", choices=["concat-linear", "gqa", "window", "cpp-gemm"], required=True)
+    parser.add_argument("--cpp-gemm-max-tokens", type=int, default=_static_target.CPP_GEMM_MAX_TOKENS,
+                        help="with --setting cpp-gemm: the largest padded size that uses the template")
     parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--past", type=int, default=100, help="context tokens before the verified ones (< 480)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    _static_target.CPP_GEMM_MAX_TOKENS = args.cpp_gemm_max_tokens
     if args.setting == "window":  # StaticTarget looks both up at every call
         _static_target.windowed_attention = _switchable_window
     else:

@@ -196,6 +196,34 @@ def test_sampling_consumes_randomness_exactly_as_the_dynamic_cache_verifier():
     assert torch.equal(*outputs)
 
 
+def test_small_compiled_forwards_multiply_through_the_cpp_gemm_template():
+    """On CPU a forward of at most ``CPP_GEMM_MAX_TOKENS`` padded tokens compiles its matrix products with inductor's
+    C++ GEMM template, a larger one does not, and both compute the dynamic-cache verifier's logits."""
+    target, counters = tiny_causal_lm("llama"), torch._dynamo.utils.counters
+    verifier, reference = StaticTarget(target), HFTarget(target)
+    small = DraftTree(tokens=torch.tensor([[11, 12, 13]]), parents=torch.tensor([-1, 0, 0]))  # 4 padded tokens
+    large = DraftTree(tokens=torch.tensor([[11, 12, 13, 14, 15]]), parents=torch.tensor([-1, 0, 1, 1, 0]))  # 8
+    assert query_bucket(4) <= _static_target.CPP_GEMM_MAX_TOKENS < query_bucket(6)
+    with torch._inductor.config.patch(fx_graph_cache=False):  # a cached graph would skip the code generation
+        for tree, templated in ((small, True), (large, False)):
+            before = counters["inductor"]["cpp_templated_kernel_counter"]
+            verifier.start(PROMPT)
+            logits, _ = verifier.verify(PROMPT[:, -1], tree)
+            assert (counters["inductor"]["cpp_templated_kernel_counter"] > before) == templated
+            reference.start(PROMPT)
+            torch.testing.assert_close(logits, reference.verify(PROMPT[:, -1], tree)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_settings_choose_the_gemm_kernels_by_forward_size():
+    config = torch._inductor.config
+    for device, tokens, templated in (("cpu", 2, True), ("cpu", 4, True), ("cpu", 8, False), ("cpu", None, False),
+                                      ("cuda", 2, False)):
+        with _static_target.compiled_settings(device, tokens):
+            assert config.max_autotune == templated
+            assert (config.max_autotune_gemm_backends == "CPP") == templated
+    assert not config.max_autotune
+
+
 def test_compiled_static_verification_equals_generate(trained):
     target, head = trained
     verifier = StaticTarget(target)  # compiled: one graph per (bucket, cache length, feature layers)

@@ -138,7 +138,7 @@ class StaticEagleDraftModel(EagleDraftModel):
         write_from(self.cache, write_at)
         step = self._head_step if eager else self._step
         with (windowed_attention(self.head.layer_config) as windowed,
-              compiled_settings(self._device.type) if self.compiled and not eager else contextlib.nullcontext()):
+              compiled_settings(self._device.type, padded) if self.compiled and not eager else contextlib.nullcontext()):
             width = max(write_at + padded, allowed.shape[1]) if windowed else length  # up to the last slot written
             full = padded_mask(allowed, padded, width, write_at)  # (Q, W)
             mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, W)

@@ -34,6 +34,10 @@ CACHE_ROUNDING = 512
 RECOMPILE_LIMIT = 64
 """Distinct (query bucket, cache length, feature layers) shapes one process may compile before falling back."""
 
+CPP_GEMM_MAX_TOKENS = 4
+"""On CPU, forwards of at most this many (padded) query tokens multiply through inductor's C++ GEMM template instead
+of oneDNN (see :func:`compiled_settings`)."""
+
 
 def query_bucket(size: int) -> int:
     """The padded query length for a forward over ``size`` tokens: the smallest of :data:`QUERY_BUCKETS` that
@@ -179,7 +183,7 @@ class StaticTarget(ModelRunner):
         padded_positions[:real] = positions.cpu()
         self._write_from(past)
         self._shapes.add((padded, tuple(feature_layers)))
-        with self._attention() as windowed, self._compiling():
+        with self._attention() as windowed, self._compiling(padded):
             window = past + padded if windowed else self.cache_length  # attended slots: up to the last one written
             mask = self._mask(padded_mask(allowed.cpu(), padded, window, past))  # (1, 1, Q, W)
             torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
@@ -248,8 +252,8 @@ class StaticTarget(ModelRunner):
     def _attention(self) -> contextlib.AbstractContextManager[bool]:
         return windowed_attention(self.decoder.config)
 
-    def _compiling(self) -> contextlib.AbstractContextManager[None]:
-        return compiled_settings(self.device.type) if self.compiled else contextlib.nullcontext()
+    def _compiling(self, tokens: int) -> contextlib.AbstractContextManager[None]:
+        return compiled_settings(self.device.type, tokens) if self.compiled else contextlib.nullcontext()
 
     def _write_from(self, position: int) -> None:
         assert self.cache is not None
@@ -271,7 +275,7 @@ class StaticTarget(ModelRunner):
 
 
 @contextlib.contextmanager
-def compiled_settings(device_type: str = "cpu") -> Iterator[None]:
+def compiled_settings(device_type: str = "cpu", tokens: int | None = None) -> Iterator[None]:
     """The settings static-shape forwards on ``device_type`` are compiled and run under: inductor freezing
     (pre-packs the weights for oneDNN on CPU), a C++ wrapper around the generated kernels (no Python between them:
     ~1-2 ms less per SmolLM2 forward here, twice the compile time), linears that read the same input concatenated
@@ -280,11 +284,28 @@ def compiled_settings(device_type: str = "cpu") -> Iterator[None]:
     is passed; on CUDA a masked grouped-query attention could fall back to the math kernel, so there it repeats
     them; these two are measured by ``benchmarks/verifier_settings.py``), room for one compiled graph per shape,
     packed layers (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``, which freezing then pre-packs
-    itself, and transformers' output-capturing hooks out of the way."""
+    itself, and transformers' output-capturing hooks out of the way.
+
+    ``tokens``: the forward's padded query length. On CPU, forwards of at most :data:`CPP_GEMM_MAX_TOKENS` tokens
+    compile their matrix products with inductor's C++ GEMM template (``max_autotune`` with the ``CPP`` backend,
+    falling back to ATen where the template does not apply): with a few rows a product streams its weights once,
+    and the template's vectorised micro-kernel does it faster than a oneDNN call (SmolLM2-135M bf16 on 2 cores: 14.4
+    against 24.0 ms for one token, 15.3 against 21.5 ms for four); from 6 rows on it turns compute-bound and oneDNN
+    wins (47.5 against 25.0 ms for eight), so larger forwards keep oneDNN. Measured by
+    ``benchmarks/verifier_settings.py --setting cpp-gemm``. The settings in force when a shape first runs are the
+    ones it is compiled with."""
     with (inductor_config.patch({"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}),
+          _small_gemm_kernels() if device_type == "cpu" and tokens is not None and tokens <= CPP_GEMM_MAX_TOKENS
+          else contextlib.nullcontext(),
           _environment(FORCE_GQA, "1") if device_type == "cpu" else contextlib.nullcontext(),
           dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
         yield
+
+
+def _small_gemm_kernels() -> contextlib.AbstractContextManager[None]:
+    """Inductor settings that compile matrix products with its C++ GEMM template (ATen where it does not apply)."""
+    return inductor_config.patch({"max_autotune": True, "max_autotune_gemm_backends": "CPP",
+                                  "autotune_fallback_to_aten": True})
 
 
 def padded_mask(allowed: torch.Tensor, padded: int, cache_length: int, write_at: int) -> torch.Tensor:
