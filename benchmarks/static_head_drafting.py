@@ -1,0 +1,53 @@
+"""What drafting through the compiled static-shape head saves: the greedy 3-node union (the shipped EAGLE-3 head's
+top-1 + a 3-token prompt-lookup match + the SmolLM2 answers and ShareGPT datastores 3 deep) drafting with the eager
+head (``EagleDraftModel``) and with the same head in a compiled ``StaticEagleDraftModel``
+(``specprim.drafters.static_drafting``, compiled before timing), side by side with ``model.generate`` in one
+``specprim.bench.run`` (bf16, packed target and head, static compiled verification, MT-bench first turns). Both
+draft the same tokens up to bf16 rounding, so mainly the drafting time should differ:
+
+    python benchmarks/static_head_drafting.py [--num-prompts 10] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from specprim import bench, presets
+from specprim.drafters import static_drafting
+from specprim.models import load, load_datastore, load_head
+from specprim.trees import DynamicTree
+
+HEAD = "smollm2-135m-instruct-eagle3"
+CACHE_LENGTH = 1024  # > the longest MT-bench first turn + 128 new tokens + the largest padded size
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-prompts", type=int, default=10)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    target, tokenizer = load("smollm2-135m-instruct", dtype=torch.bfloat16, pack=True)
+    head = load_head(HEAD, target)
+    store = load_datastore(["smollm2-135m-instruct-answers", "sharegpt"], tokenizer)
+
+    def union() -> presets.Method:
+        return presets.union(presets.eagle3(head, DynamicTree(depth=1, top_k=1, budget=1)),
+                             presets.prompt_lookup(num_tokens=3, max_matches=1),
+                             presets.datastore(store, num_tokens=3), max_nodes=3)
+
+    static = union()
+    custom = {"3-node union, eager head": union(),
+              "3-node union, static compiled head": presets.Method(
+                  static_drafting(static.drafter, min_cache_length=CACHE_LENGTH), static.acceptance)}
+    results = bench.run(target=target, tokenizer=tokenizer, methods=["hf-unpacked"], custom=custom,
+                        dataset="mt-bench", num_prompts=args.num_prompts, turns=1, max_new_tokens=128,
+                        static_verify=True, pack=True, warmup_tokens=128, json_path=args.json, argv=sys.argv)
+    print(results.markdown())
+
+
+if __name__ == "__main__":
+    main()
