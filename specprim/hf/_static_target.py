@@ -289,11 +289,11 @@ def compiled_settings(device_type: str = "cpu", tokens: int | None = None) -> It
     ``tokens``: the forward's padded query length. On CPU, forwards of at most :data:`CPP_GEMM_MAX_TOKENS` tokens
     compile their matrix products with inductor's C++ GEMM template (``max_autotune`` with the ``CPP`` backend,
     falling back to ATen where the template does not apply): with a few rows a product streams its weights once,
-    and the template's vectorised micro-kernel does it faster than a oneDNN call (SmolLM2-135M bf16 on 2 cores: 14.4
-    against 24.0 ms for one token, 15.3 against 21.5 ms for four); from 6 rows on it turns compute-bound and oneDNN
-    wins (47.5 against 25.0 ms for eight), so larger forwards keep oneDNN. Measured by
-    ``benchmarks/verifier_settings.py --setting cpp-gemm``. The settings in force when a shape first runs are the
-    ones it is compiled with."""
+    and the template's vectorised micro-kernel does it faster than a oneDNN call (SmolLM2-135M bf16 on 2 cores: 13.2
+    against 22.7 ms for one token, 16.1 against 19.2 ms for four); with more rows it turns compute-bound and oneDNN
+    wins (51.4 against 24.3 ms for eight), so larger forwards keep oneDNN. Measured by
+    ``benchmarks/verifier_settings.py --setting cpp-gemm --cpp-gemm-max-tokens 16``. The settings in force when a
+    shape first runs are the ones it is compiled with."""
     with (inductor_config.patch({"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}),
           _small_gemm_kernels() if device_type == "cpu" and tokens is not None and tokens <= CPP_GEMM_MAX_TOKENS
           else contextlib.nullcontext(),
