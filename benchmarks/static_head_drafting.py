@@ -10,37 +10,21 @@ draft the same tokens up to bf16 rounding, so mainly the drafting time should di
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-import torch
+from _smollm2_union import arguments, load_parts, union
 
 from specprim import bench, presets
 from specprim.drafters import static_drafting
-from specprim.models import load, load_datastore, load_head
-from specprim.trees import DynamicTree
 
-HEAD = "smollm2-135m-instruct-eagle3"
 CACHE_LENGTH = 1024  # > the longest MT-bench first turn + 128 new tokens + the largest padded size
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-prompts", type=int, default=10)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    target, tokenizer = load("smollm2-135m-instruct", dtype=torch.bfloat16, pack=True)
-    head = load_head(HEAD, target)
-    store = load_datastore(["smollm2-135m-instruct-answers", "sharegpt"], tokenizer)
-
-    def union() -> presets.Method:
-        return presets.union(presets.eagle3(head, DynamicTree(depth=1, top_k=1, budget=1)),
-                             presets.prompt_lookup(num_tokens=3, max_matches=1),
-                             presets.datastore(store, num_tokens=3), max_nodes=3)
-
-    static = union()
-    custom = {"3-node union, eager head": union(),
+    args = arguments(__doc__)
+    target, tokenizer, head, store = load_parts()
+    static = union(head, store, top_k=1, depth=3, max_nodes=3)
+    custom = {"3-node union, eager head": union(head, store, top_k=1, depth=3, max_nodes=3),
               "3-node union, static compiled head": presets.Method(
                   static_drafting(static.drafter, min_cache_length=CACHE_LENGTH), static.acceptance)}
     results = bench.run(target=target, tokenizer=tokenizer, methods=["hf-unpacked"], custom=custom,

@@ -16,37 +16,19 @@ turns, 10 questions, 128 tokens, bf16, packed):
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-import torch
+from _smollm2_union import arguments, load_parts, union
 
 from specprim import bench, presets
-from specprim.models import load, load_datastore, load_head
 from specprim.trees import DynamicTree
-
-HEAD = "smollm2-135m-instruct-eagle3"
-DATASTORES = ["smollm2-135m-instruct-answers", "sharegpt"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--num-prompts", type=int, default=10)
-    parser.add_argument("--json")
-    args = parser.parse_args()
-    torch.set_num_threads(2)
-    target, tokenizer = load("smollm2-135m-instruct", dtype=torch.bfloat16, pack=True)
-    head = load_head(HEAD, target)
-    store = load_datastore(DATASTORES, tokenizer)
-
-    def union(top_k: int, depth: int, max_nodes: int) -> presets.Method:
-        """The head's top-``top_k`` + a ``depth``-token lookup match + the datastores ``depth`` deep."""
-        return presets.union(presets.eagle3(head, DynamicTree(depth=1, top_k=top_k, budget=top_k)),
-                             presets.prompt_lookup(num_tokens=depth, max_matches=1),
-                             presets.datastore(store, num_tokens=depth), max_nodes=max_nodes)
-
-    custom = {"7 nodes: head top-3 + lookup 4 + datastore 4": union(3, 4, 7),
-              "3 nodes: head top-1 + lookup 3 + datastore 3": union(1, 3, 3),
+    args = arguments(__doc__)
+    target, tokenizer, head, store = load_parts()
+    custom = {"7 nodes: head top-3 + lookup 4 + datastore 4": union(head, store, top_k=3, depth=4, max_nodes=7),
+              "3 nodes: head top-1 + lookup 3 + datastore 3": union(head, store, top_k=1, depth=3, max_nodes=3),
               "head top-3": presets.eagle3(head, DynamicTree(depth=1, top_k=3, budget=3))}
     results = bench.run(target=target, tokenizer=tokenizer, methods=["hf-unpacked", "hf-prompt-lookup"],
                         custom=custom, dataset="mt-bench", num_prompts=args.num_prompts, turns=1, max_new_tokens=128,
