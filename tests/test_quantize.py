@@ -60,6 +60,13 @@ def test_quantize_weights_replaces_linears_but_not_head_or_embeddings():
     with_head = quantize_weights(tiny_causal_lm("llama"), include_lm_head=True)
     assert isinstance(with_head.get_output_embeddings(), Int8Linear)
     assert not any(isinstance(m, nn.Linear) for m in with_head.modules())
+    tied = tiny_causal_lm("gemma3")
+    assert tied.get_output_embeddings().weight is tied.get_input_embeddings().weight
+    tied_embeddings = tied.get_input_embeddings().weight.clone()
+    quantize_weights(tied, "int8-all")  # the scheme's name for include_lm_head=True
+    assert isinstance(tied.get_output_embeddings(), Int8Linear)
+    assert not any(isinstance(m, nn.Linear) for m in tied.modules())
+    assert torch.equal(tied.get_input_embeddings().weight, tied_embeddings)  # the embeddings stay floating point
 
 
 def _scores(model, prompt, tokens, parents):
@@ -105,9 +112,9 @@ def test_quantization_changes_the_model():
 
 
 @pytest.mark.parametrize("drafter_name", ["prompt-lookup", "quantized-draft-chain", "quantized-draft-tree",
-                                          "unquantized-draft-chain", "eagle3-head"])
+                                          "unquantized-draft-chain", "eagle3-head", "eagle3-head, int8-all target"])
 def test_greedy_speculation_matches_the_quantized_target(drafter_name):
-    target = quantized(seed=0)
+    target = quantize_weights(tiny_causal_lm("llama", seed=0), "int8-all" if "int8-all" in drafter_name else "int8")
     drafters = {
         "prompt-lookup": lambda: PromptLookup(num_tokens=6),
         "quantized-draft-chain": lambda: ModelDrafter(quantized(seed=1), Chain(3)),
@@ -116,6 +123,7 @@ def test_greedy_speculation_matches_the_quantized_target(drafter_name):
         "eagle3-head": lambda: eagle_drafter(EagleHead.from_target(target, version=3, draft_vocab_size=VOCAB // 2),
                                              DynamicTree(depth=3, top_k=2, budget=6)),
     }
+    drafters["eagle3-head, int8-all target"] = drafters["eagle3-head"]
     pattern = torch.randint(2, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
     for prompt in (torch.cat([pattern, pattern, pattern[:, :4]], dim=1), pattern[:, :7]):
         expected = reference(target, prompt, 40)

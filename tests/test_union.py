@@ -9,7 +9,7 @@ from _tiny import tiny_causal_lm
 
 from specprim import DraftTree, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
-from specprim.drafters import DraftRequest, ModelDrafter, PromptLookup, TargetFeatures, UnionDrafter
+from specprim.drafters import DatastoreLookup, DraftRequest, ModelDrafter, PromptLookup, TargetFeatures, UnionDrafter
 from specprim.presets import from_name, is_name, prompt_lookup, union
 from specprim.sampling import SamplingConfig
 from specprim.testing import two_token_chi_square
@@ -78,6 +78,30 @@ def test_max_nodes_keeps_the_first_merged_nodes_and_verdicts_follow():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ValueError, match="max_nodes"):
             UnionDrafter(a, b, max_nodes=bad)
+
+
+@dataclasses.dataclass
+class StatelessDrafter(FixedDrafter):
+    stateless = True  # a class attribute, as PromptLookup and DatastoreLookup declare it
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_stateless_drafter_is_skipped_once_the_cap_is_full(declared):
+    kind = StatelessDrafter if declared else FixedDrafter
+    first = FixedDrafter([7, 8, 9], [-1, 0, -1])
+    late = kind([4, 5], [-1, 0])
+    for cap, expected_calls in ((2, 0 if declared else 1), (3, 0 if declared else 1), (4, 1), (None, 1)):
+        late.requests.clear()
+        drafter = UnionDrafter(first, late, max_nodes=cap)
+        tree = drafter.propose(request())
+        want = [7, 8, 9, 4, 5][: cap or 5]
+        assert tree.tokens[0].tolist() == want  # the same union whether or not it was asked
+        assert len(late.requests) == expected_calls, cap
+        drafter.observe(_verdict([0, 1], 3))
+        assert late.verdicts[-1].path.numel() == 0 and late.verdicts[-1].next_token.tolist() == [7]
+    assert PromptLookup.stateless and DatastoreLookup.stateless
+    model_drafter = ModelDrafter(tiny_causal_lm("llama"), Chain(2))
+    assert not getattr(model_drafter, "stateless", False)  # it keeps a cache, so a union always asks it
 
 
 def _verdict(path, next_token):

@@ -21,6 +21,10 @@ class Drafter(Protocol):
 
     A drafter that can draft for greedy decoding only may set ``greedy_only = True`` (optional, like the acceptance
     rules' flag; the generation loop then refuses it under sampling before the first step).
+
+    A drafter whose trees depend on the request only (nothing kept between steps, ``observe`` learns nothing) may set
+    ``stateless = True`` (optional): a :class:`specprim.drafters.UnionDrafter` with ``max_nodes`` then skips it on the
+    steps where the drafters before it already fill the cap.
     """
 
     def propose(self, request: DraftRequest) -> DraftTree:

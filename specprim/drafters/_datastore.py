@@ -8,7 +8,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -209,6 +209,7 @@ class DatastoreLookup:
     Batch size 1 only.
     """
 
+    stateless: ClassVar[bool] = True  # proposals depend on the request only (see UnionDrafter)
     datastore: Datastore
     num_tokens: int = 4
     num_nodes: int = 4

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 import torch
 
@@ -33,6 +34,7 @@ class PromptLookup:
     thousands of tokens.
     """
 
+    stateless: ClassVar[bool] = True  # proposals depend on the request only (see UnionDrafter)
     max_ngram: int = 3
     min_ngram: int = 1
     num_tokens: int = 8

@@ -37,7 +37,9 @@ class UnionDrafter:
     ``max_nodes``: when given, the merged trie keeps only its first ``max_nodes`` nodes in merge order (the first
     drafter's nodes first; a prefix of a topological order is itself a tree), so the union never outgrows a size
     the verifier handles cheaply (e.g. a :class:`specprim.hf.StaticTarget`'s padded sizes: 7 nodes plus the root
-    fill an 8-token bucket).
+    fill an 8-token bucket). A drafter declaring ``stateless = True`` (its tree depends on the request only, and
+    ``observe`` learns nothing: prompt lookup, retrieval) is not asked on a step where the drafters before it already
+    fill ``max_nodes``: its nodes would all be cut, so the union is the same, without the cost of drafting them.
 
     ``observe``: each drafter learns the accepted path restricted to its own tree (the longest accepted prefix of
     its nodes that were kept, in its own node ids) and the token the target emitted after that prefix.
@@ -77,12 +79,17 @@ class UnionDrafter:
     def propose(self, request: DraftRequest) -> DraftTree:
         if request.input_ids.shape[0] != 1:
             raise ValueError(f"UnionDrafter drafts for batch size 1, got {request.input_ids.shape[0]}")
-        trees = [drafter.propose(self._request_for(k, request)) for k, drafter in enumerate(self.drafters)]
-        for drafter, tree in zip(self.drafters, trees, strict=True):
+        shapes: list[tuple[list[int], list[int]]] = []  # each drafter's (tokens, parents)
+        for k, drafter in enumerate(self.drafters):
+            if getattr(drafter, "stateless", False) and self._full(shapes):
+                shapes.append(([], []))  # every node it drafted would be cut
+                continue
+            tree = drafter.propose(self._request_for(k, request))
             if tree.sampling != "deterministic":
                 raise ValueError(f"{drafter!r} drafted a {tree.sampling!r} tree; UnionDrafter merges deterministic "
                                  "trees only (greedy or top-k drafting, prompt lookup)")
-        tokens, parents, self._maps = merge_trees((tree.tokens[0].tolist(), tree.parent_list) for tree in trees)
+            shapes.append((tree.tokens[0].tolist(), tree.parent_list))
+        tokens, parents, self._maps = merge_trees(shapes)
         if self.max_nodes is not None:
             tokens, parents = tokens[: self.max_nodes], parents[: self.max_nodes]
         self._tokens = tokens
@@ -104,6 +111,10 @@ class UnionDrafter:
                 [self._tokens[accepted[len(path)]]])  # (1,) the token committed after this drafter's prefix
             drafter.observe(Verdict(path=torch.tensor([path], dtype=torch.long).reshape(1, len(path)),
                                     num_accepted=torch.tensor([len(path)]), next_token=after))
+
+    def _full(self, shapes: list[tuple[list[int], list[int]]]) -> bool:
+        """Whether the trees drafted so far already merge into ``max_nodes`` nodes or more."""
+        return self.max_nodes is not None and len(merge_trees(shapes)[0]) >= self.max_nodes
 
     def _request_for(self, k: int, request: DraftRequest) -> DraftRequest:
         """``request`` with the features of drafter ``k``'s own layers (or none)."""

@@ -61,8 +61,9 @@ def load(
     Args:
         dtype: dtype of the returned model's parameters (the cache stays fp32; conversion happens on load).
         device_map: passed to ``from_pretrained`` unchanged (e.g. ``"auto"``, needs accelerate).
-        quantize: ``None`` (default) or ``"int8"``: after loading in ``dtype``, quantize the weights of every
-            ``nn.Linear`` except the LM head with :func:`quantize_weights` (weight-only, activations stay ``dtype``).
+        quantize: ``None`` (default), ``"int8"`` or ``"int8-all"``: after loading in ``dtype``, quantize the weights
+            of every ``nn.Linear`` except the LM head (``"int8"``) or of every one (``"int8-all"``) with
+            :func:`quantize_weights` (weight-only, activations stay ``dtype``).
         pack: pre-pack the remaining linear layers for oneDNN with :func:`pack_weights` (bfloat16 on CPU only;
             the same numbers, faster kernels).
         compile: replace the forward by a ``torch.compile``d one (:func:`compile_forward`; not with ``pack``).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -56,25 +57,19 @@ class DynamicTree:
         pool = _Candidates()
         root_logits = model.begin(request)  # (1, V)
         device = root_logits.device
-        frontier = pool.add(  # (C_1,) candidate ids of depth 1
-            _log_probs(root_logits, request.sampling), parents=torch.tensor([-1]), parent_values=torch.zeros(1),
-            depth=1, top_k=self.top_k,
-        )
+        frontier = pool.add(_log_probs(root_logits, request.sampling), parents=[-1], depth=1, top_k=self.top_k)
         scratch_of: dict[int, int] = {-1: -1}  # candidate id -> scratch id, for extended candidates
         for depth in range(2, max_depth + 1):
-            grow = frontier[pool.value[frontier].topk(min(self.top_k, len(frontier))).indices]  # (P,) candidates
-            grow = grow[torch.isfinite(pool.value[grow])]
-            if grow.numel() == 0:
+            best_first = sorted(frontier, key=lambda c: -pool.value[c])[: self.top_k]  # stable: earlier on ties
+            grow = sorted(c for c in best_first if math.isfinite(pool.value[c]))  # creation order: predictable ids
+            if not grow:
                 break
-            grow = grow.sort().values  # creation order, so scratch ids are predictable
-            scratch_parents = torch.tensor([scratch_of[int(c)] for c in pool.parent[grow]], dtype=torch.long)
-            for c in grow.tolist():
+            scratch_parents = torch.tensor([scratch_of[pool.parent[c]] for c in grow], dtype=torch.long)  # (P,)
+            for c in grow:
                 scratch_of[c] = len(scratch_of) - 1
-            logits = model.extend(scratch_parents, pool.token[grow][None].to(device))  # (1, P, V)
-            frontier = pool.add(  # (C_d,) candidate ids of this depth
-                _log_probs(logits, request.sampling), parents=grow, parent_values=pool.value[grow],
-                depth=depth, top_k=self.top_k,
-            )
+            tokens = torch.tensor([[pool.token[c] for c in grow]], dtype=torch.long, device=device)  # (1, P)
+            logits = model.extend(scratch_parents, tokens)  # (1, P, V)
+            frontier = pool.add(_log_probs(logits, request.sampling), parents=grow, depth=depth, top_k=self.top_k)
         return pool.best(self.budget, device)
 
 
@@ -86,41 +81,42 @@ def _log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
 
 
 class _Candidates:
-    """Every candidate node created so far, as growing (C,) tensors in creation (hence topological) order."""
+    """Every candidate node created so far, as growing lists in creation (hence topological) order: few enough
+    (``top_k`` per extended node) that plain Python beats a dozen small tensor operations per step."""
 
     def __init__(self) -> None:
-        self.token = torch.empty(0, dtype=torch.long)  # (C,)
-        self.parent = torch.empty(0, dtype=torch.long)  # (C,) candidate id of the parent, -1 for the root
-        self.value = torch.empty(0)  # (C,) cumulative log-probability
-        self.depth = torch.empty(0, dtype=torch.long)  # (C,)
+        self.token: list[int] = []
+        self.parent: list[int] = []  # candidate id of the parent, -1 for the root
+        self.value: list[float] = []  # cumulative log-probability, summed in float32
+        self.depth: list[int] = []
 
-    def add(
-        self, log_probs: torch.Tensor, *, parents: torch.Tensor, parent_values: torch.Tensor, depth: int, top_k: int
-    ) -> torch.Tensor:
-        """Add the ``top_k`` children of each of ``P`` parents of depth ``depth - 1``; return the new candidate
-        ids (P * top_k,).
+    def add(self, log_probs: torch.Tensor, *, parents: list[int], depth: int, top_k: int) -> list[int]:
+        """Add the ``top_k`` children of each of ``P`` parents of depth ``depth - 1``; return the new candidate ids.
 
-        ``log_probs`` (P, V) is each parent's children's log-probabilities, ``parents`` (P,) their candidate ids
-        (``-1`` for the root) and ``parent_values`` (P,) their values.
+        ``log_probs`` (P, V) is each parent's children's log-probabilities, ``parents`` their candidate ids (``-1``
+        for the root).
         """
-        log_probs = log_probs.reshape(parents.shape[0], -1).cpu()  # (P, V)
+        log_probs = log_probs.reshape(len(parents), -1).cpu()  # (P, V)
         child_lp, tokens = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)  # (P, k) each
+        parent_values = torch.tensor([0.0 if p == -1 else self.value[p] for p in parents])  # (P,) float32
+        values = parent_values[:, None] + child_lp  # (P, k)
         start = len(self.token)
-        self.token = torch.cat([self.token, tokens.reshape(-1)])
-        self.parent = torch.cat([self.parent, parents.repeat_interleave(tokens.shape[1])])
-        self.value = torch.cat([self.value, (parent_values[:, None] + child_lp).reshape(-1)])
-        self.depth = torch.cat([self.depth, torch.full((tokens.numel(),), depth, dtype=torch.long)])
-        return torch.arange(start, len(self.token))
+        for parent, row_tokens, row_values in zip(parents, tokens.tolist(), values.tolist(), strict=True):
+            self.token += row_tokens
+            self.value += row_values
+            self.parent += [parent] * len(row_tokens)
+        self.depth += [depth] * (len(self.token) - start)
+        return list(range(start, len(self.token)))
 
     def best(self, budget: int, device: torch.device) -> DraftTree:
-        """The tree of the ``budget`` finite-valued candidates of highest value, ties to the shallower node."""
-        finite = torch.isfinite(self.value).nonzero()[:, 0]  # (F,) candidate ids, ascending
-        by_depth = finite[self.depth[finite].sort(stable=True).indices]  # shallower first among equal values
-        ranked = by_depth[self.value[by_depth].sort(descending=True, stable=True).indices]
-        keep = ranked[:budget].sort().values  # (N,) topological: creation order
-        new_id = torch.full((len(self.token) + 1,), -1, dtype=torch.long)  # index c + 1; the root stays -1
-        new_id[keep + 1] = torch.arange(len(keep))
-        parents = new_id[self.parent[keep] + 1]  # (N,)
-        if bool((parents[self.parent[keep] >= 0] < 0).any()):  # pragma: no cover - guaranteed by the ordering
+        """The tree of the ``budget`` finite-valued candidates of highest value, ties to the shallower node (then to
+        the earlier one)."""
+        finite = [c for c, value in enumerate(self.value) if math.isfinite(value)]
+        keep = sorted(sorted(finite, key=lambda c: (-self.value[c], self.depth[c]))[:budget])  # topological
+        new_id = {-1: -1} | {c: i for i, c in enumerate(keep)}
+        if any(self.parent[c] not in new_id for c in keep):  # pragma: no cover - guaranteed by the ordering
             raise AssertionError("DynamicTree kept a node without its parent")
-        return DraftTree(tokens=self.token[keep][None].to(device), parents=parents, sampling="deterministic")
+        return DraftTree(tokens=torch.tensor([[self.token[c] for c in keep]], dtype=torch.long, device=device)
+                         .reshape(1, len(keep)),
+                         parents=torch.tensor([new_id[self.parent[c]] for c in keep], dtype=torch.long)
+                         .reshape(len(keep)), sampling="deterministic")
