@@ -161,6 +161,8 @@ def test_bad_input_raises_clear_errors():
         quantize_weights(tiny_causal_lm("llama").to("meta"))
     with pytest.raises(ValueError, match="unknown quantize scheme"):
         load("does-not-matter", quantize="int4")
+    with pytest.raises(ValueError, match="nothing to pack"):
+        load("does-not-matter", quantize="int8-all", pack=True)
     with pytest.raises(ValueError, match="2-D int8"):
         Int8Linear(torch.zeros(4, 4), torch.ones(4))
     with pytest.raises(ValueError, match="scale must be"):

@@ -81,10 +81,13 @@ def load(
         OSError: ``name_or_path`` is neither a known name, an existing path, nor a loadable Hub id.
         ValueError: an unknown ``quantize`` scheme (checked before anything is loaded).
         RuntimeError: ``pack`` with a dtype or device other than bfloat16 on CPU (see :func:`pack_weights`).
-        ValueError: ``pack`` and ``compile`` together (checked before anything is loaded).
+        ValueError: ``pack`` and ``compile`` together, or ``pack`` with ``quantize="int8-all"`` (nothing is left to
+            pack); both checked before anything is loaded.
     """
     if pack and compile:
         raise ValueError("pack and compile exclude each other: compiling with freezing packs the weights itself")
+    if pack and quantize == "int8-all":
+        raise ValueError("pack has nothing to pack after quantize='int8-all' (every linear layer is int8); drop pack")
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
     source = _source(name_or_path)
