@@ -142,7 +142,8 @@ class SpeculativeSampling:
         ``q_left`` is the node's ``q`` row (for ``"without_replacement"`` with the earlier siblings' tokens zeroed)
         and ``m`` its mass. Rejecting it sets ``r = residual(r, q_k)``, i.e. ``u = max(u - (z / m) q_left, 0)`` and
         ``z = sum(u)``: one fused multiply-add, a clamp and a sum, and only when some row rejects. On the CPU the
-        rest of a level is skipped once no row is still trying a sibling (a host check, free there).
+        rest of a level is skipped once no row is still trying a sibling, and a sibling's acceptance updates nothing
+        when no row accepted it (host checks, free there).
         """
         batch = p.shape[0]
         q = tree.q.to(p.dtype)
@@ -175,12 +176,13 @@ class SpeculativeSampling:
                     update = reject & (left > 0)
                     u = torch.where(update.unsqueeze(1), diff, u)
                     z = torch.where(update, left, z)
-                u = torch.where(accept.unsqueeze(1), rows_at(p, child), u)
-                z = torch.where(accept, torch.ones_like(z), z)
-                node = torch.where(accept, child, node)
-                moved = moved | accept
-                if without_replacement:  # later siblings were drawn without this token
-                    q_left = q_left.scatter(1, token, torch.where(trying, 0.0, q_token).unsqueeze(1))
+                if _maybe_any(accept):
+                    u = torch.where(accept.unsqueeze(1), rows_at(p, child), u)
+                    z = torch.where(accept, torch.ones_like(z), z)
+                    node = torch.where(accept, child, node)
+                    moved = moved | accept
+                if without_replacement:  # later siblings were drawn without this token (q_left is this walk's own)
+                    q_left.scatter_(1, token, torch.where(trying, 0.0, q_token).unsqueeze(1))
             walking = moved
         next_token = sample(u, generator)  # (B,)
         return verdict_at(node, next_token, tables)
