@@ -11,15 +11,16 @@ measured here, each against the same settings with it switched off:
   instead of over the whole static cache (512 slots here);
 * ``cpp-gemm``: forwards of at most ``CPP_GEMM_MAX_TOKENS`` (4) padded tokens multiplying through inductor's C++ GEMM
   template instead of oneDNN (``--cpp-gemm-max-tokens 16`` times the template at every size).
-* ``int8-all``: not a compiled setting but the weights: every linear layer weight-only int8
-  (``models.load(..., quantize="int8-all")``) against packed bf16 ones, under the same compiled settings.
+* ``int8-all``, ``int4``, ``int4-all``: not a compiled setting but the weights: linear layers weight-only quantized
+  (``models.load(..., quantize=...)``; ``int4`` keeps the LM head, packed) against packed bf16 ones, under the same
+  compiled settings.
 
 The script loads the target twice (so that each copy compiles its own graphs), compiles a ``StaticTarget`` for each,
 one with the setting and one without, checks that both pick the same tokens, and times verification of 1, 4, 8 and
 16 tokens alternating between the two (the median of 6 rounds of 8 forwards each), so that the machine's drift
 affects both alike. Compiling takes ~10 minutes on 2 cores.
 
-    python benchmarks/verifier_settings.py --setting concat-linear     # or gqa, window, cpp-gemm, int8-all
+    python benchmarks/verifier_settings.py --setting concat-linear  # or gqa, window, cpp-gemm, int8-all, int4, int4-all
     python benchmarks/verifier_settings.py --setting window --past 250  # the context length before the tokens
 """
 
@@ -41,6 +42,7 @@ from specprim import DraftTree, models
 from specprim.hf import StaticTarget, _static_target
 
 SIZES = (1, 4, 8, 16)
+QUANTIZED = ("int8-all", "int4", "int4-all")
 _settings = _static_target.compiled_settings
 _windowed_attention = _static_target.windowed_attention
 _switched_on = {"on": True}
@@ -89,7 +91,8 @@ def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, q
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=["concat-linear", "gqa", "window", "cpp-gemm", "int8-all"], required=True)
+    parser.add_argument("--setting", choices=["concat-linear", "gqa", "window", "cpp-gemm", *QUANTIZED],
+                        required=True)
     parser.add_argument("--cpp-gemm-max-tokens", type=int, default=_static_target.CPP_GEMM_MAX_TOKENS,
                         help="with --setting cpp-gemm: the largest padded size that uses the template")
     parser.add_argument("--target", default="smollm2-135m-instruct")
@@ -102,8 +105,8 @@ def main() -> None:
     weights = {False: {"pack": True}, True: {"pack": True}}
     if args.setting == "window":  # StaticTarget looks both up at every call
         _static_target.windowed_attention = _switchable_window
-    elif args.setting == "int8-all":  # the same settings, other weights
-        weights[True] = {"quantize": "int8-all"}
+    elif args.setting in QUANTIZED:  # the same settings, other weights
+        weights[True] = {"quantize": args.setting, "pack": not args.setting.endswith("-all")}
     else:
         _static_target.compiled_settings = _switchable_settings(args.setting)
     verifiers = {setting_on: StaticTarget(models.load(args.target, dtype=torch.bfloat16, **weights[setting_on])[0])

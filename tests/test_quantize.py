@@ -1,4 +1,4 @@
-"""Weight-only int8 quantization: the quantized linear against a de-quantized reference, row independence,
+"""Weight-only int8 and int4 quantization: the quantized linears against de-quantized references, row independence,
 speculative decoding lossless with respect to the quantized target (greedy parity and a sampling chi-square),
 the quantization really changes the model, and clear errors for bad input."""
 
@@ -12,7 +12,7 @@ from specprim.acceptance import Greedy, SpeculativeSampling
 from specprim.cli import chat_input_ids
 from specprim.drafters import EagleHead, ModelDrafter, PromptLookup, eagle_drafter
 from specprim.hf import HFTarget
-from specprim.models import Int8Linear, load, quantize_weights
+from specprim.models import Int4Linear, Int8Linear, is_packed, load, pack_weights, quantize_weights
 from specprim.sampling import SamplingConfig
 from specprim.testing import two_token_chi_square
 from specprim.trees import Chain, DynamicTree
@@ -23,8 +23,11 @@ def reference(model, prompt, max_new_tokens, eos_token_id=1):
                           do_sample=False, eos_token_id=eos_token_id, pad_token_id=0)
 
 
-def quantized(arch="llama", seed=0, **kwargs):
-    return quantize_weights(tiny_causal_lm(arch, seed=seed, **kwargs))
+def quantized(arch="llama", seed=0, scheme="int8", **kwargs):
+    return quantize_weights(tiny_causal_lm(arch, seed=seed, **kwargs), scheme)
+
+
+QUANTIZED_LAYER = {"int8": Int8Linear, "int8-all": Int8Linear, "int4": Int4Linear, "int4-all": Int4Linear}
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -49,6 +52,53 @@ def test_int8_linear_matches_dequantized_matmul(dtype, bias):
     torch.testing.assert_close(layer.weight, dequantized.to(dtype))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int4_linear_matches_its_dequantized_matmul(dtype, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(96, 48, bias=bias).to(dtype)
+    layer = Int4Linear.from_linear(linear)
+    assert layer.weight_int4.dtype == torch.uint8 and layer.weight_int4.shape == (48, 48)
+    assert layer.scales_and_zeros.shape == (3, 48, 2) and layer.scales_and_zeros.dtype == dtype
+    dequantized = layer.weight  # (48, 96) as the kernel computes it
+    groups = linear.weight.detach().double().reshape(48, 3, 32)
+    step = (groups.amax(-1) - groups.amin(-1)) / 15  # (48, 3): one 4-bit step per group
+    error = (dequantized.double().reshape(48, 3, 32) - groups).abs().amax(-1)
+    slack = 0.51 if dtype == torch.float32 else 0.51 + 8 * 2**-8  # bfloat16 rounds the scale and the zero
+    assert (error <= step * slack + 1e-7).all()
+    x = torch.randn(2, 5, 96).to(dtype)
+    want = x.double() @ dequantized.double().T + (linear.bias.double() if bias else 0)
+    got = layer(x)
+    assert got.shape == (2, 5, 48) and got.dtype == dtype
+    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), want, **tolerance)
+    kernel_weight = layer(torch.eye(96, dtype=dtype)).T - (linear.bias.detach()[:, None] if bias else 0)  # (48, 96)
+    torch.testing.assert_close(kernel_weight, dequantized, rtol=0, atol=1e-6 if dtype == torch.float32 else 0.02)
+    assert set(layer.state_dict()) == {"weight_int4", "scales_and_zeros"} | ({"bias"} if bias else set())
+    rebuilt = Int4Linear(**{k: v for k, v in layer.state_dict().items()})  # the kernel's layout is made again
+    assert torch.equal(rebuilt(x), got)
+
+
+def test_int4_re_encodes_q4_1_blocks_exactly():
+    """A weight on a Q4_1 grid (per 32 weights: float16 scale * q + float16 minimum, q in 0..15, both ends used) comes
+    back bit for bit in float32, and groups of equal weights (zero, positive, negative) are exact in bfloat16 too."""
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randint(0, 16, (32, 4, 32), generator=generator)
+    q[..., 0], q[..., 1] = 0, 15
+    scale = (torch.rand(32, 4, 1, generator=generator) * 0.01 + 1e-3).half()  # GGUF stores both in float16
+    minimum = (-torch.rand(32, 4, 1, generator=generator) * 0.1).half()
+    grid = (scale.float() * q.float() + minimum.float()).reshape(32, 128)  # as GGUF de-quantizes, in float32
+    linear = nn.Linear(128, 32, bias=False)
+    with torch.no_grad():
+        linear.weight.copy_(grid)
+    assert torch.equal(Int4Linear.from_linear(linear).weight, grid)
+    flat = torch.tensor([0.0, 0.3125, -1.7, 2.5e-3]).repeat_interleave(32).reshape(1, 128).repeat(16, 1)
+    flat_linear = nn.Linear(128, 16, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        flat_linear.weight.copy_(flat)
+    assert torch.equal(Int4Linear.from_linear(flat_linear).weight, flat_linear.weight)
+
+
 def test_quantize_weights_replaces_linears_but_not_head_or_embeddings():
     model = tiny_causal_lm("llama")
     embeddings = model.get_input_embeddings().weight.clone()
@@ -67,6 +117,24 @@ def test_quantize_weights_replaces_linears_but_not_head_or_embeddings():
     assert isinstance(tied.get_output_embeddings(), Int8Linear)
     assert not any(isinstance(m, nn.Linear) for m in tied.modules())
     assert torch.equal(tied.get_input_embeddings().weight, tied_embeddings)  # the embeddings stay floating point
+    int4 = quantize_weights(tiny_causal_lm("llama"), "int4")
+    assert sum(isinstance(m, Int4Linear) for m in int4.modules()) == linears - 1
+    assert type(int4.get_output_embeddings()) is nn.Linear
+    int4_all = quantize_weights(tiny_causal_lm("llama", vocab=96), "int4-all")
+    assert isinstance(int4_all.get_output_embeddings(), Int4Linear)
+    assert not any(isinstance(m, nn.Linear) for m in int4_all.modules())
+
+
+def test_int4_leaves_the_lm_head_to_pack():
+    """``pack_weights`` after ``"int4"`` packs the LM head only, and the model computes as before packing."""
+    model = quantize_weights(tiny_causal_lm("llama").to(torch.bfloat16), "int4")
+    prompt = torch.randint(2, VOCAB, (1, 8), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        before = model(prompt).logits
+        pack_weights(model)
+        after = model(prompt).logits
+    assert is_packed(model) and sum(isinstance(m, Int4Linear) for m in model.modules()) == 14
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
 def _scores(model, prompt, tokens, parents):
@@ -78,9 +146,10 @@ def _scores(model, prompt, tokens, parents):
     return target.verify(prompt[:, -1], tree)[0][0]
 
 
-def test_rows_are_independent():
+@pytest.mark.parametrize("scheme", ["int8-all", "int4-all"])
+def test_rows_are_independent(scheme):
     """A token's logits scored alone equal its logits inside a 16-token tree forward (fp32, summation-order noise)."""
-    model = quantize_weights(tiny_causal_lm("llama"), include_lm_head=True)
+    model = quantize_weights(tiny_causal_lm("llama", vocab=96), scheme)
     prompt = torch.randint(2, VOCAB, (1, 9), generator=torch.Generator().manual_seed(0))
     parents = [-1, -1, 0, 0, 1, 2, 2, 3, 4, 5, 6, 6, 7, 9, 11]
     tokens = torch.randint(2, VOCAB, (15,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -95,14 +164,15 @@ def test_rows_are_independent():
             at = parents[at]
         chain = _scores(model, prompt, [tokens[i] for i in path], list(range(-1, len(path) - 1)))
         torch.testing.assert_close(tree[node + 1], chain[-1], rtol=1e-5, atol=1e-5 * scale)
-    layer = Int8Linear.from_linear(nn.Linear(32, 16))
+    layer = QUANTIZED_LAYER[scheme].from_linear(nn.Linear(32, 16))
     rows = torch.randn(16, 32)
     rows[5:] *= 100  # large rows elsewhere in the batch do not change row 0 (no per-batch activation scale)
     torch.testing.assert_close(layer(rows)[:1], layer(rows[:1]), rtol=1e-5, atol=1e-6)
 
 
-def test_quantization_changes_the_model():
-    plain, quant = tiny_causal_lm("llama"), quantized()
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_quantization_changes_the_model(scheme):
+    plain, quant = tiny_causal_lm("llama"), quantized(scheme=scheme)
     prompt = torch.randint(2, VOCAB, (1, 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         difference = (plain(prompt).logits - quant(prompt).logits).abs().max()
@@ -112,9 +182,13 @@ def test_quantization_changes_the_model():
 
 
 @pytest.mark.parametrize("drafter_name", ["prompt-lookup", "quantized-draft-chain", "quantized-draft-tree",
-                                          "unquantized-draft-chain", "eagle3-head", "eagle3-head, int8-all target"])
+                                          "unquantized-draft-chain", "eagle3-head", "eagle3-head, int8-all target",
+                                          "prompt-lookup, int4 target", "int4-draft-tree, int4 target",
+                                          "eagle3-head, int4-all target"])
 def test_greedy_speculation_matches_the_quantized_target(drafter_name):
-    target = quantize_weights(tiny_causal_lm("llama", seed=0), "int8-all" if "int8-all" in drafter_name else "int8")
+    scheme = drafter_name.partition(", ")[2].removesuffix(" target") or "int8"
+    vocab = 96 if scheme == "int4-all" else VOCAB  # int4 needs an output size that is a multiple of 16
+    target = quantize_weights(tiny_causal_lm("llama", seed=0, vocab=vocab), scheme)
     drafters = {
         "prompt-lookup": lambda: PromptLookup(num_tokens=6),
         "quantized-draft-chain": lambda: ModelDrafter(quantized(seed=1), Chain(3)),
@@ -123,7 +197,10 @@ def test_greedy_speculation_matches_the_quantized_target(drafter_name):
         "eagle3-head": lambda: eagle_drafter(EagleHead.from_target(target, version=3, draft_vocab_size=VOCAB // 2),
                                              DynamicTree(depth=3, top_k=2, budget=6)),
     }
-    drafters["eagle3-head, int8-all target"] = drafters["eagle3-head"]
+    drafters["eagle3-head, int8-all target"] = drafters["eagle3-head, int4-all target"] = drafters["eagle3-head"]
+    drafters["prompt-lookup, int4 target"] = drafters["prompt-lookup"]
+    drafters["int4-draft-tree, int4 target"] = lambda: ModelDrafter(quantized(seed=1, scheme="int4"),
+                                                                    DynamicTree(depth=3, top_k=2, budget=6))
     pattern = torch.randint(2, VOCAB, (1, 12), generator=torch.Generator().manual_seed(5))
     for prompt in (torch.cat([pattern, pattern, pattern[:, :4]], dim=1), pattern[:, :7]):
         expected = reference(target, prompt, 40)
@@ -133,14 +210,15 @@ def test_greedy_speculation_matches_the_quantized_target(drafter_name):
             assert torch.equal(out.sequences, expected), (drafter_name, rule)
 
 
-def test_sampling_is_lossless_against_the_quantized_target():
+@pytest.mark.parametrize("scheme", ["int8", "int4"])
+def test_sampling_is_lossless_against_the_quantized_target(scheme):
     vocab = 5
 
     def peaked(seed):
         model = tiny_causal_lm("llama", seed=seed, vocab=vocab)
         with torch.no_grad():
             model.lm_head.weight.mul_(40)
-        return quantize_weights(model)
+        return quantize_weights(model, scheme)
 
     target, draft = peaked(0), peaked(1)
     p_value = two_token_chi_square(target, torch.tensor([[1, 2, 3]]), drafter=ModelDrafter(draft, Chain(2)),
@@ -150,23 +228,36 @@ def test_sampling_is_lossless_against_the_quantized_target():
 
 
 def test_bad_input_raises_clear_errors():
-    with pytest.raises(ValueError, match="unknown quantization scheme 'int4'"):
-        quantize_weights(tiny_causal_lm("llama"), "int4")
+    with pytest.raises(ValueError, match="unknown quantization scheme 'int3'"):
+        quantize_weights(tiny_causal_lm("llama"), "int3")
     model = quantized()
     with pytest.raises(ValueError, match="already quantized"):
         quantize_weights(model)
+    with pytest.raises(ValueError, match="already quantized"):
+        quantize_weights(quantized(scheme="int4"), "int8")
+    with pytest.raises(ValueError, match=r"multiple of 16 .* lm_head \(97 x 32\)"):
+        quantize_weights(tiny_causal_lm("llama"), "int4-all")  # a vocabulary of 97
+    with pytest.raises(ValueError, match=r"multiple of 32; these are not: 1 \(32 x 48\)"):
+        quantize_weights(nn.Sequential(nn.Linear(32, 48), nn.Linear(48, 32)), "int4")
+    with pytest.raises(RuntimeError, match="int4 weight-only quantization is not supported on device meta"):
+        quantize_weights(tiny_causal_lm("llama").to("meta"), "int4")
     with pytest.raises(ValueError, match="no nn.Linear layers"):
         quantize_weights(tiny_causal_lm("gpt2"))  # Conv1D layers; the only nn.Linear is the LM head
     with pytest.raises(RuntimeError, match="not supported on device meta"):
         quantize_weights(tiny_causal_lm("llama").to("meta"))
     with pytest.raises(ValueError, match="unknown quantize scheme"):
-        load("does-not-matter", quantize="int4")
-    with pytest.raises(ValueError, match="nothing to pack"):
-        load("does-not-matter", quantize="int8-all", pack=True)
+        load("does-not-matter", quantize="int3")
+    for scheme in ("int8-all", "int4-all"):
+        with pytest.raises(ValueError, match="nothing to pack"):
+            load("does-not-matter", quantize=scheme, pack=True)
     with pytest.raises(ValueError, match="2-D int8"):
         Int8Linear(torch.zeros(4, 4), torch.ones(4))
     with pytest.raises(ValueError, match="scale must be"):
         Int8Linear(torch.zeros(4, 4, dtype=torch.int8), torch.ones(3))
+    with pytest.raises(ValueError, match="2-D uint8"):
+        Int4Linear(torch.zeros(16, 16, dtype=torch.int8), torch.ones(1, 16, 2))
+    with pytest.raises(ValueError, match=r"scales_and_zeros must be a floating \(1, 16, 2\)"):
+        Int4Linear(torch.zeros(16, 16, dtype=torch.uint8), torch.ones(2, 16, 2))
 
 
 @pytest.mark.real_model
@@ -178,6 +269,28 @@ def test_real_model_int8_prompt_lookup_matches_its_generate():
     eos = tokenizer.eos_token_id
     expected = reference(model, ids, 32, eos_token_id=eos)
     out = speculative_generate(model, ids, drafter=PromptLookup(num_tokens=6), acceptance=Greedy(),
+                               max_new_tokens=32, eos_token_id=eos)
+    assert torch.equal(out.sequences, expected)
+    assert out.stats.tau > 1.0
+
+
+@pytest.mark.real_model
+def test_real_model_int4_holds_the_gguf_weights_and_prompt_lookup_matches_its_generate():
+    """SmolLM2's layers are Q4_1 in its GGUF file: in float32 the int4 layers hold exactly the de-quantized weights."""
+    model, tokenizer = load("smollm2-135m-instruct")
+    layers = {name: module.weight.detach().clone() for name, module in model.named_modules()
+              if isinstance(module, nn.Linear) and module is not model.get_output_embeddings()}
+    quantize_weights(model, "int4")
+    for name, module in model.named_modules():
+        if isinstance(module, Int4Linear):
+            assert torch.equal(module.weight, layers.pop(name)), name
+    assert not layers  # every linear but the LM head
+    ids = chat_input_ids(tokenizer, "Fix the spelling mistakes and return the corrected text: The large model then "
+                                    "cheks all of them in one pass and keeps the ones it agres with.")
+    eos = tokenizer.eos_token_id
+    bf16 = model.to(torch.bfloat16)  # the scales round to bfloat16: now a model of its own
+    expected = reference(bf16, ids, 32, eos_token_id=eos)
+    out = speculative_generate(bf16, ids, drafter=PromptLookup(num_tokens=6), acceptance=Greedy(),
                                max_new_tokens=32, eos_token_id=eos)
     assert torch.equal(out.sequences, expected)
     assert out.stats.tau > 1.0

@@ -3,8 +3,9 @@
 Optional: they need ``llama-cpp-python`` (``pip install llama-cpp-python``, built from source, 20+ minutes on two
 cores). llama.cpp runs in a worker process (``specprim.bench._llama_worker``) that loads the model once and
 decodes greedily on request; the harness times each request around the pipe round trip. llama.cpp computes with
-the GGUF's own quantized weights, while specprim and ``hf`` run the de-quantized checkpoint, so outputs are
-expected to differ (``identical`` compares them all the same).
+the GGUF's own quantized weights and its own kernels, while specprim and ``hf`` run the de-quantized checkpoint (with
+``--quantize int4``, its ``Q4_1`` layers re-encoded as 4-bit groups, but bf16 activations), so outputs are expected
+to differ (``identical`` compares them all the same).
 """
 
 from __future__ import annotations

@@ -157,7 +157,8 @@ def run(
             or strings.
         num_prompts: use the first ``num_prompts`` prompts (default: all).
         turns: use only the first ``turns`` turns of every prompt (``1``: MT-bench first turns; default: all).
-        quantize: ``None``, ``"int8"`` or ``"int8-all"`` (the LM head too): weight-only quantize the target (see
+        quantize: ``None`` or a scheme of :data:`specprim.models.QUANTIZE_SCHEMES` (``"int8"``, ``"int4"``; ``-all``:
+            the LM head too): weight-only quantize the target (see
             :func:`specprim.models.quantize_weights`); the ``hf`` baseline and every method run that same model.
             A loaded ``target`` is quantized in place.
         pack: pre-pack the target's (and draft's, and heads') bfloat16 linear layers for oneDNN (:func:`specprim.models.

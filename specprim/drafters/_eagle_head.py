@@ -297,12 +297,13 @@ class EagleHead(nn.Module):
         if self.config.version == 3:
             return self.lm_head(self.norm(predicted))
         head = self._target.lm_head
-        x = predicted.to(device=head.weight.device, dtype=head.weight.dtype)
+        weight = head.weight  # read once: a quantized head de-quantizes a new copy per access
+        x = predicted.to(device=weight.device, dtype=weight.dtype)
         if self.config.draft_vocab_size == self.config.vocab_size:
             return head(x)
-        index = self.d2t.to(head.weight.device)
+        index = self.d2t.to(weight.device)
         bias = None if head.bias is None else head.bias[index]
-        return F.linear(x, head.weight[index], bias)
+        return F.linear(x, weight[index], bias)
 
     def logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """(..., d) predicted features -> (..., V) float32 logits over the target vocabulary, ``-inf`` outside

@@ -14,12 +14,13 @@ from specprim.models._heads import head_path, known_heads, load_head
 from specprim.models._load import cache_dir, ensure_cached, gguf_path, load, load_tokenizer
 from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights, stock_kernels
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
-from specprim.models._quantize import Int8Linear, quantize_weights
+from specprim.models._quantize import Int4Linear, Int8Linear, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
 
 __all__ = [
     "KNOWN_MODELS",
     "EmbeddedModel",
+    "Int4Linear",
     "Int8Linear",
     "ModelFetchError",
     "PackedLinear",

@@ -61,9 +61,10 @@ def load(
     Args:
         dtype: dtype of the returned model's parameters (the cache stays fp32; conversion happens on load).
         device_map: passed to ``from_pretrained`` unchanged (e.g. ``"auto"``, needs accelerate).
-        quantize: ``None`` (default), ``"int8"`` or ``"int8-all"``: after loading in ``dtype``, quantize the weights
-            of every ``nn.Linear`` except the LM head (``"int8"``) or of every one (``"int8-all"``) with
-            :func:`quantize_weights` (weight-only, activations stay ``dtype``).
+        quantize: ``None`` (default) or one of :data:`QUANTIZE_SCHEMES`: after loading in ``dtype``, quantize the
+            weights of every ``nn.Linear`` except the LM head (``"int8"``, ``"int4"``) or of every one
+            (``"int8-all"``, ``"int4-all"``) with :func:`quantize_weights` (weight-only, activations stay ``dtype``;
+            int4 on CPU only).
         pack: pre-pack the remaining linear layers for oneDNN with :func:`pack_weights` (bfloat16 on CPU only;
             the same numbers, faster kernels).
         compile: replace the forward by a ``torch.compile``d one (:func:`compile_forward`; not with ``pack``).
@@ -81,13 +82,14 @@ def load(
         OSError: ``name_or_path`` is neither a known name, an existing path, nor a loadable Hub id.
         ValueError: an unknown ``quantize`` scheme (checked before anything is loaded).
         RuntimeError: ``pack`` with a dtype or device other than bfloat16 on CPU (see :func:`pack_weights`).
-        ValueError: ``pack`` and ``compile`` together, or ``pack`` with ``quantize="int8-all"`` (nothing is left to
-            pack); both checked before anything is loaded.
+        ValueError: ``pack`` and ``compile`` together, or ``pack`` with an ``-all`` quantize scheme (nothing is left
+            to pack); both checked before anything is loaded.
     """
     if pack and compile:
         raise ValueError("pack and compile exclude each other: compiling with freezing packs the weights itself")
-    if pack and quantize == "int8-all":
-        raise ValueError("pack has nothing to pack after quantize='int8-all' (every linear layer is int8); drop pack")
+    if pack and quantize is not None and quantize.endswith("-all"):
+        raise ValueError(f"pack has nothing to pack after quantize={quantize!r} (every linear layer is quantized); "
+                         "drop pack")
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
     source = _source(name_or_path)

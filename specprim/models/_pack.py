@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specprim.models._quantize import Int8Linear
+from specprim.models._quantize import QUANTIZED_LINEARS
 
 # Batch-size hint for oneDNN's weight layout; any number of rows works with every layout.
 _ROWS_HINT = 16
@@ -90,7 +90,8 @@ def pack_weights(model: nn.Module) -> nn.Module:
     """Replace every ``nn.Linear`` of a bfloat16 CPU ``model`` (the LM head included) by a :class:`PackedLinear`,
     in place; return ``model``.
 
-    Int8 layers of a quantized model (:class:`Int8Linear`) are left as they are; its remaining linears are packed.
+    The quantized layers of a quantized model (:class:`Int8Linear`, :class:`Int4Linear`) are left as they are; its
+    remaining linears are packed.
     Memory: each packed layer holds a second copy of its weight (about twice the linear weights in all).
 
     Raises:
@@ -101,7 +102,7 @@ def pack_weights(model: nn.Module) -> nn.Module:
     if is_packed(model):
         raise ValueError("the model's weights are already packed (it has PackedLinear layers)")
     targets = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
-               if isinstance(child, nn.Linear) and not isinstance(child, Int8Linear)]
+               if isinstance(child, nn.Linear) and not isinstance(child, QUANTIZED_LINEARS)]
     if not targets:
         raise ValueError(f"{type(model).__name__} has no nn.Linear layers to pack")
     for _, _, child in targets:
