@@ -30,6 +30,18 @@ def quantized(arch="llama", seed=0, scheme="int8", **kwargs):
 QUANTIZED_LAYER = {"int8": Int8Linear, "int8-all": Int8Linear, "int4": Int4Linear, "int4-all": Int4Linear}
 
 
+def _forward_matches(layer, linear, dequantized):
+    """``layer`` on a (2, 5, K) input against the float64 product with ``dequantized`` (N, K); returns (x, output)."""
+    dtype, (out_features, in_features) = dequantized.dtype, dequantized.shape
+    x = torch.randn(2, 5, in_features).to(dtype)
+    want = x.double() @ dequantized.double().T + (0 if linear.bias is None else linear.bias.double())
+    got = layer(x)
+    assert got.shape == (2, 5, out_features) and got.dtype == dtype
+    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got.double(), want, **tolerance)
+    return x, got
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_int8_linear_matches_dequantized_matmul(dtype, bias):
@@ -43,12 +55,7 @@ def test_int8_linear_matches_dequantized_matmul(dtype, bias):
                                atol=0)
     dequantized = layer.weight_int8.double() * layer.scale.double()[:, None]
     assert (dequantized - linear.weight.double()).abs().max() <= layer.scale.double().max() * 0.51
-    x = torch.randn(2, 5, 64).to(dtype)
-    want = x.double() @ dequantized.T + (linear.bias.double() if bias else 0)
-    got = layer(x)
-    assert got.shape == (2, 5, 48) and got.dtype == dtype
-    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.double(), want, **tolerance)
+    _forward_matches(layer, linear, dequantized.to(dtype))
     torch.testing.assert_close(layer.weight, dequantized.to(dtype))
 
 
@@ -66,12 +73,7 @@ def test_int4_linear_matches_its_dequantized_matmul(dtype, bias):
     error = (dequantized.double().reshape(48, 3, 32) - groups).abs().amax(-1)
     slack = 0.51 if dtype == torch.float32 else 0.51 + 8 * 2**-8  # bfloat16 rounds the scale and the zero
     assert (error <= step * slack + 1e-7).all()
-    x = torch.randn(2, 5, 96).to(dtype)
-    want = x.double() @ dequantized.double().T + (linear.bias.double() if bias else 0)
-    got = layer(x)
-    assert got.shape == (2, 5, 48) and got.dtype == dtype
-    tolerance = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(got.double(), want, **tolerance)
+    x, got = _forward_matches(layer, linear, dequantized)
     kernel_weight = layer(torch.eye(96, dtype=dtype)).T - (linear.bias.detach()[:, None] if bias else 0)  # (48, 96)
     torch.testing.assert_close(kernel_weight, dequantized, rtol=0, atol=1e-6 if dtype == torch.float32 else 0.02)
     assert set(layer.state_dict()) == {"weight_int4", "scales_and_zeros"} | ({"bias"} if bias else set())
