@@ -256,6 +256,8 @@ def test_bad_input_raises_clear_errors():
         Int8Linear(torch.zeros(4, 4), torch.ones(4))
     with pytest.raises(ValueError, match="scale must be"):
         Int8Linear(torch.zeros(4, 4, dtype=torch.int8), torch.ones(3))
+    with pytest.raises(RuntimeError, match="stays on the CPU"):
+        quantized(scheme="int4").to("meta")
     with pytest.raises(ValueError, match="2-D uint8"):
         Int4Linear(torch.zeros(16, 16, dtype=torch.int8), torch.ones(1, 16, 2))
     with pytest.raises(ValueError, match=r"scales_and_zeros must be a floating \(1, 16, 2\)"):

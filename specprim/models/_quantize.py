@@ -165,6 +165,12 @@ class Int4Linear(nn.Module):
             out = out + self.bias.to(out.dtype)
         return out.reshape(*x.shape[:-1], self.out_features)
 
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        if fn(torch.empty(0)).device.type != "cpu":
+            raise RuntimeError("an int4-quantized model stays on the CPU (its kernel is CPU-only); load it again and "
+                               "quantize with int8 to run on another device")
+        return super()._apply(fn, recurse)
+
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
                 f"group_size={GROUP_SIZE}")
