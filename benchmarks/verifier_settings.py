@@ -11,6 +11,10 @@ measured here, each against the same settings with it switched off:
   instead of over the whole static cache (512 slots here);
 * ``cpp-gemm``: forwards of at most ``CPP_GEMM_MAX_TOKENS`` (4) padded tokens multiplying through inductor's C++ GEMM
   template instead of oneDNN (``--cpp-gemm-max-tokens 16`` times the template at every size).
+* ``int4-gemm``: int4 weights on both sides; forwards of every size multiplying through the C++ GEMM template (what
+  ``compiled_settings(..., int4_weights=True)`` does) instead of only those of at most ``CPP_GEMM_MAX_TOKENS``;
+* ``guard-skip``: dynamo's guards checked in full only on a shape's first call (``specprim.hf.WarmShapes``), against
+  at every call;
 * ``int8-all``, ``int4``, ``int4-all``: not a compiled setting but the weights: linear layers weight-only quantized
   (``models.load(..., quantize=...)``; ``int4`` keeps the LM head, packed) against packed bf16 ones, under the same
   compiled settings.
@@ -22,6 +26,7 @@ affects both alike. Compiling takes ~10 minutes on 2 cores.
 
     python benchmarks/verifier_settings.py --setting concat-linear  # or gqa, window, cpp-gemm, int8-all, int4, int4-all
     python benchmarks/verifier_settings.py --setting window --past 250  # the context length before the tokens
+    python benchmarks/verifier_settings.py --setting int4-gemm --sizes 8 16 64  # the verified sizes to time
 """
 
 from __future__ import annotations
@@ -68,11 +73,24 @@ def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContex
     """specprim's compiled settings, with ``setting`` on or off as ``_switched_on["on"]`` says."""
 
     @contextlib.contextmanager
-    def settings(device_type: str = "cpu", tokens: int | None = None) -> Iterator[None]:
-        with contextlib.nullcontext() if _switched_on["on"] else _off(setting), _settings(device_type, tokens):
+    def settings(device_type: str = "cpu", tokens: int | None = None, *, int4_weights: bool = False) -> Iterator[None]:
+        on = _switched_on["on"]
+        if setting == "int4-gemm":
+            with _settings(device_type, tokens, int4_weights=int4_weights and on):
+                yield
+            return
+        with contextlib.nullcontext() if on else _off(setting), _settings(device_type, tokens,
+                                                                          int4_weights=int4_weights):
             yield
 
     return settings
+
+
+class _AlwaysCold:
+    """A ``WarmShapes`` that never skips dynamo's guards."""
+
+    def running(self, key: object) -> contextlib.AbstractContextManager[None]:
+        return contextlib.nullcontext()
 
 
 def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, queries: int, repeats: int,
@@ -91,7 +109,8 @@ def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, q
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--setting", choices=["concat-linear", "gqa", "window", "cpp-gemm", *QUANTIZED],
+    parser.add_argument("--setting", choices=["concat-linear", "gqa", "window", "cpp-gemm", "int4-gemm", "guard-skip",
+                                              *QUANTIZED],
                         required=True)
     parser.add_argument("--cpp-gemm-max-tokens", type=int, default=_static_target.CPP_GEMM_MAX_TOKENS,
                         help="with --setting cpp-gemm: the largest padded size that uses the template")
@@ -99,6 +118,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--past", type=int, default=100, help="context tokens before the verified ones (< 480)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="verified tokens per forward (<= 64)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     _static_target.CPP_GEMM_MAX_TOKENS = args.cpp_gemm_max_tokens
@@ -107,28 +127,32 @@ def main() -> None:
         _static_target.windowed_attention = _switchable_window
     elif args.setting in QUANTIZED:  # the same settings, other weights
         weights[True] = {"quantize": args.setting, "pack": not args.setting.endswith("-all")}
-    else:
+    elif args.setting != "guard-skip":
         _static_target.compiled_settings = _switchable_settings(args.setting)
+    if args.setting == "int4-gemm":
+        weights = {False: {"quantize": "int4", "pack": True}, True: {"quantize": "int4", "pack": True}}
     verifiers = {setting_on: StaticTarget(models.load(args.target, dtype=torch.bfloat16, **weights[setting_on])[0])
                  for setting_on in (False, True)}
+    if args.setting == "guard-skip":
+        verifiers[False]._warm = _AlwaysCold()
     vocab = verifiers[False].vocab_size
-    context = torch.randint(0, vocab, (1, args.past + 20), generator=torch.Generator().manual_seed(0))
+    context = torch.randint(0, vocab, (1, args.past + 70), generator=torch.Generator().manual_seed(0))
     start = time.perf_counter()
-    for queries in SIZES:
+    for queries in args.sizes:
         logits = {on: verify_ms(v, on, context, queries, 1, args.past)[1] for on, v in verifiers.items()}
         same = torch.equal(logits[False].argmax(-1), logits[True].argmax(-1))
         print(f"{queries} tokens: same argmax {same}, max |logit difference| "
               f"{(logits[False] - logits[True]).abs().max().item():.3g}")
     print(f"{args.target}, bfloat16, {args.threads} threads, {args.setting}, {args.past} tokens before; compiled in "
           f"{time.perf_counter() - start:.0f} s")
-    times: dict[tuple[int, bool], list[float]] = {(q, c): [] for q in SIZES for c in (False, True)}
+    times: dict[tuple[int, bool], list[float]] = {(q, c): [] for q in args.sizes for c in (False, True)}
     for round_ in range(args.rounds):
-        for queries in SIZES:
+        for queries in args.sizes:
             for on in (False, True) if round_ % 2 else (True, False):
                 times[(queries, on)].append(verify_ms(verifiers[on], on, context, queries, 8, args.past)[0])
     print(f"| tokens | without {args.setting} ms | with {args.setting} ms | ratio |")
     print("|---|---|---|---|")
-    for queries in SIZES:
+    for queries in args.sizes:
         without, with_ = statistics.median(times[(queries, False)]), statistics.median(times[(queries, True)])
         print(f"| {queries} | {without:.1f} | {with_:.1f} | {with_ / without:.3f} |")
 

@@ -301,3 +301,78 @@ def test_compiled_settings_attend_on_the_key_value_heads_unless_the_user_chose(m
     monkeypatch.delenv(_static_target.FORCE_GQA)
     with _static_target.compiled_settings("cuda"):  # masked GQA could fall back to the math kernel there
         assert _static_target.FORCE_GQA not in os.environ
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 5, 64])
+def test_a_chunked_prefill_computes_the_eager_prefill(chunk):
+    """Prefilling ``chunk`` tokens per forward (the last one padded, the prompt's 9 prefix tokens split unevenly or
+    not at all) leaves the cache and hidden states of one eager forward: generation equals the model's own."""
+    target = tiny_causal_lm("llama")
+    layers = (0, 1, 2)
+    chunked, whole = StaticTarget(target, compile=False, prefill_chunk=chunk), StaticTarget(target, compile=False)
+    assert (chunked.prefill_chunk, whole.prefill_chunk) == (chunk, 0)
+    for a, b in zip(chunked.start(PROMPT, layers), whole.start(PROMPT, layers), strict=True):
+        assert a.shape == (1, PROMPT.shape[1] - 1, 32)
+        torch.testing.assert_close(a, b)
+    assert chunked.past_length == whole.past_length == PROMPT.shape[1] - 1
+    assert chunked._shapes == set()  # prefill shapes are not verification shapes (compile_smaller_sizes ignores them)
+    tree = DraftTree(tokens=torch.tensor([[11, 12, 13]]), parents=torch.tensor([-1, 0, 0]))
+    torch.testing.assert_close(chunked.verify(PROMPT[:, -1], tree)[0], whole.verify(PROMPT[:, -1], tree)[0])
+    for drafter in (_eagle3(target), PromptLookup()):
+        out = _decode(StaticTarget(target, compile=False, prefill_chunk=chunk), drafter)
+        assert torch.equal(out.sequences, hf_greedy(target, PROMPT, 32))
+
+
+def test_int4_targets_prefill_in_chunks_when_compiled():
+    from specprim.models import quantize_weights
+
+    int4 = quantize_weights(tiny_causal_lm("llama"), "int4")
+    assert StaticTarget(int4).prefill_chunk == _static_target.PREFILL_CHUNK
+    assert StaticTarget(int4, compile=False).prefill_chunk == 0
+    assert StaticTarget(int4, prefill_chunk=0).prefill_chunk == 0
+    assert StaticTarget(tiny_causal_lm("llama")).prefill_chunk == 0
+    for bad in (-1, 2.5, True, "64"):
+        with pytest.raises(ValueError, match="prefill_chunk"):
+            StaticTarget(int4, prefill_chunk=bad)
+
+
+def test_int4_forwards_multiply_through_the_cpp_gemm_template_at_every_size():
+    config = torch._inductor.config
+    for tokens in (2, 8, 64):
+        with _static_target.compiled_settings("cpu", tokens, int4_weights=True):
+            assert config.max_autotune and config.max_autotune_gemm_backends == "CPP"
+    with _static_target.compiled_settings("cuda", 8, int4_weights=True):
+        assert not config.max_autotune
+
+
+def test_warm_shapes_skip_the_guards_from_a_shape_s_second_run_on():
+    warm = _static_target.WarmShapes()
+    skipping = []
+    for key in ("a", "a", "b", "a"):
+        with warm.running(key):
+            skipping.append(torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe)
+    assert skipping == [False, True, False, True]
+    with pytest.raises(RuntimeError), warm.running("c"):
+        raise RuntimeError("the first run failed")
+    with warm.running("c"):
+        assert not torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe  # still cold: checked in full again
+
+
+def test_compiled_verification_with_skipped_guards_picks_the_right_graph(monkeypatch):
+    """Once warm, each shape runs with only the guards that told the graphs apart: alternating two padded sizes and
+    two feature-layer sets, and then a cache that grows (a new graph), every call still computes the reference."""
+    monkeypatch.setattr(_static_target, "CACHE_ROUNDING", 16)
+    target = tiny_causal_lm("llama")
+    verifier, reference = StaticTarget(target), HFTarget(target)
+    small = DraftTree(tokens=torch.tensor([[11, 12, 13]]), parents=torch.tensor([-1, 0, 0]))  # 4 padded tokens
+    large = DraftTree(tokens=torch.tensor([[11, 12, 13, 14, 15]]), parents=torch.tensor([-1, 0, 1, 1, 0]))  # 8
+    for prompt in (PROMPT[:, :4], PROMPT, torch.cat([PROMPT, PROMPT, PROMPT], dim=1)):  # the last grows the cache
+        for tree, layers in ((small, ()), (large, ()), (small, (1,)), (small, ()), (large, ()), (small, (1,))):
+            verifier.start(prompt, layers)
+            reference.start(prompt, layers)
+            logits, hidden = verifier.verify(prompt[:, -1], tree, layers)
+            expected_logits, expected_hidden = reference.verify(prompt[:, -1], tree, layers)
+            torch.testing.assert_close(logits, expected_logits, rtol=1e-4, atol=1e-4)
+            for a, b in zip(hidden, expected_hidden, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert verifier.cache_length == 32

@@ -13,6 +13,7 @@ from specprim.drafters._eagle_draft import EagleDraftModel
 from specprim.drafters._eagle_head import EagleHead
 from specprim.hf._static_target import (
     QUERY_BUCKETS,
+    WarmShapes,
     compiled_settings,
     grown_cache,
     padded_mask,
@@ -51,6 +52,7 @@ class StaticEagleDraftModel(EagleDraftModel):
     def __init__(self, head: EagleHead, *, compile: bool = True, min_cache_length: int = 0) -> None:  # noqa: A002
         super().__init__(head)
         self.compiled = compile
+        self._warm = WarmShapes()  # the compiled step's guards are checked in full once per shape
         self.min_cache_length = min_cache_length
         self.cache: StaticCache | None = None
         self._last_logits = torch.empty(0)  # (1, V) logits of the root's children, from the last context pair
@@ -137,8 +139,10 @@ class StaticEagleDraftModel(EagleDraftModel):
         rows[:count] = positions.cpu()
         write_from(self.cache, write_at)
         step = self._head_step if eager else self._step
-        compiling = compiled_settings(self._device.type, padded) if self.compiled and not eager else None
-        with windowed_attention(self.head.layer_config) as windowed, compiling or contextlib.nullcontext():
+        compiling = self.compiled and not eager
+        with (windowed_attention(self.head.layer_config) as windowed,
+              compiled_settings(self._device.type, padded) if compiling else contextlib.nullcontext(),
+              self._warm.running((padded, length)) if compiling else contextlib.nullcontext()):
             width = max(write_at + padded, allowed.shape[1]) if windowed else length  # up to the last slot written
             full = padded_mask(allowed, padded, width, write_at)  # (Q, W)
             mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, W)

@@ -3,7 +3,7 @@
 from specprim.hf._batched_target import BatchedHFTarget
 from specprim.hf._draft_lm import LMDraftModel
 from specprim.hf._static_draft_lm import StaticLMDraftModel
-from specprim.hf._static_target import StaticTarget, query_bucket
+from specprim.hf._static_target import StaticTarget, WarmShapes, query_bucket
 from specprim.hf._target import (
     HFTarget,
     check_causal_lm,
@@ -22,6 +22,7 @@ __all__ = [
     "LMDraftModel",
     "StaticLMDraftModel",
     "StaticTarget",
+    "WarmShapes",
     "check_causal_lm",
     "check_tokenizers_compatible",
     "context_length",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 
 import torch
 from torch._dynamo import config as dynamo_config
@@ -20,6 +20,7 @@ from specprim.hf._target import ModelRunner
 from specprim.hf._windowed_attention import windowed_attention
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
 from specprim.models._pack import stock_kernels
+from specprim.models._quantize import Int4Linear
 
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 """transformers' switch for attending on the key/value heads as they are (``enable_gqa``) even when a mask is passed;
@@ -36,7 +37,10 @@ RECOMPILE_LIMIT = 64
 
 CPP_GEMM_MAX_TOKENS = 4
 """On CPU, forwards of at most this many (padded) query tokens multiply through inductor's C++ GEMM template instead
-of oneDNN (see :func:`compiled_settings`)."""
+of oneDNN (see :func:`compiled_settings`); forwards of int4 models use it at every size."""
+
+PREFILL_CHUNK = 64
+"""Tokens per forward of a chunked prefill (see :class:`StaticTarget`'s ``prefill_chunk``)."""
 
 
 def query_bucket(size: int) -> int:
@@ -47,6 +51,37 @@ def query_bucket(size: int) -> int:
             return bucket
     step = QUERY_BUCKETS[-1]
     return -(-size // step) * step
+
+
+class WarmShapes:
+    """The compiled shapes a static forward has already run, and dynamo's guard check skipped for them.
+
+    Each call of a compiled function first evaluates its guards (about 0.8 ms per SmolLM2-135M verification on 2 CPU
+    cores, ``benchmarks/verifier_settings.py --setting guard-skip``). A static forward is called again and again with
+    the same few shapes, so :meth:`running` checks the guards in full the first time a shape key runs, and afterwards
+    runs it under ``torch.compiler.set_stance(..., skip_guard_eval_unsafe=True)``: dynamo then evaluates only the
+    guards that told its compiled graphs apart so far (the ones that failed once and caused a recompilation), enough
+    to pick among graphs it has already built. The key must name everything a graph is specialized on besides the
+    guarded inputs: the padded size, the feature layers, the cache's length."""
+
+    def __init__(self) -> None:
+        self._warm: set[Hashable] = set()
+
+    @contextlib.contextmanager
+    def running(self, key: Hashable) -> Iterator[None]:
+        """The context to run the compiled forward of shape ``key`` in."""
+        if key not in self._warm:
+            yield
+            self._warm.add(key)  # only once it ran (and compiled) without an error
+            return
+        with torch.compiler.set_stance(_current_stance(), skip_guard_eval_unsafe=True):
+            yield
+
+
+def _current_stance() -> str:
+    """The dynamo stance in force (``"default"`` unless a caller set another)."""
+    stance = getattr(torch._dynamo.eval_frame, "_stance", None)
+    return getattr(stance, "stance", "default")
 
 
 class StaticTarget(ModelRunner):
@@ -68,10 +103,15 @@ class StaticTarget(ModelRunner):
     With ``compile=True`` that loop is ``torch.compile``d with ``fullgraph=True`` and static shapes (inductor freezing
     on, which pre-packs the weights for oneDNN on CPU; only the attended width is dynamic): one compilation per (query
     bucket, cache length, feature layers), about 75 s each for SmolLM2-135M on 2 CPU cores, reused across calls and
-    prompts. The prefill always runs eagerly. A model with packed weights (:func:`specprim.models.pack_weights`) keeps
-    them for the eager prefill, and the compiled forward lets freezing pack the weights its own way. Keep one
-    ``StaticTarget`` per model for a whole run, and give it ``min_cache_length`` >= the longest prompt plus its budget:
-    a cache that grows mid-run changes the shapes, and every padded size compiles again.
+    prompts. The prefill runs eagerly, in one forward over the prompt (``prefill_chunk=0``), or, with
+    ``prefill_chunk=n``, through the same (compiled) forward in chunks of ``n`` tokens, the last one padded, so one
+    more graph serves every prompt length. By default (``None``) a compiled target with int4 weights
+    (:class:`specprim.models.Int4Linear`) prefills in chunks of :data:`PREFILL_CHUNK`, since their eager kernel is
+    slow for many rows (``benchmarks/int4_prefill.py``), and every other target prefills eagerly. A model with packed
+    weights (:func:`specprim.models.pack_weights`) keeps them for the eager prefill, and the compiled forward lets
+    freezing pack the weights its own way. Keep one ``StaticTarget`` per model for a whole run, and give it
+    ``min_cache_length`` >= the longest prompt plus its budget (plus ``prefill_chunk``): a cache that grows mid-run
+    changes the shapes, and every padded size compiles again.
 
     :meth:`forward_nodes` is the general step under :meth:`verify` (any tokens, positions and attention over the
     cache), and ``head`` replaces the LM head that scores the last hidden states (default: the model's own; a
@@ -88,14 +128,22 @@ class StaticTarget(ModelRunner):
 
     def __init__(
         self, model: PreTrainedModel, *, compile: bool = True, min_cache_length: int = 0,  # noqa: A002 - option name
-        head: torch.nn.Module | None = None,
+        head: torch.nn.Module | None = None, prefill_chunk: int | None = None,
     ) -> None:
         super().__init__(model)
+        if prefill_chunk is not None and (not isinstance(prefill_chunk, int) or isinstance(prefill_chunk, bool)
+                                          or prefill_chunk < 0):
+            raise ValueError(f"prefill_chunk must be None or an int >= 0, got {prefill_chunk!r}")
         self.min_cache_length = min_cache_length
+        self.int4 = any(isinstance(module, Int4Linear) for module in model.modules())
+        if prefill_chunk is None:
+            prefill_chunk = PREFILL_CHUNK if compile and self.int4 else 0
+        self.prefill_chunk = prefill_chunk  # 0: one eager forward
         self.head = model.get_output_embeddings() if head is None else head  # (..., H) -> (..., V) logits
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (padded size, feature layers) verified so far
         self.decoder = _llama_style_decoder(model)
         self.compiled = compile
+        self._warm = WarmShapes()
         self.past_length = 0
         self.cache: StaticCache | None = None  # type: ignore[assignment]
         self._layer_cache_kwarg = _layer_cache_kwarg(self.decoder.layers[0])
@@ -105,7 +153,8 @@ class StaticTarget(ModelRunner):
 
     @torch.no_grad()
     def start(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
-        """Prefill the cache with ``input_ids[:, :-1]`` (1, T), eagerly; the last token becomes the root.
+        """Prefill the cache with ``input_ids[:, :-1]`` (1, T); the last token becomes the root. The prefill is one
+        eager forward, or forwards of ``prefill_chunk`` tokens each (the last one padded).
 
         Returns one (1, T - 1, H) hidden-state tensor per entry of ``feature_layers`` (indices into
         ``output_hidden_states``: 0 the embeddings, ``i`` the output of layer ``i - 1``, the last the final norm's).
@@ -115,11 +164,14 @@ class StaticTarget(ModelRunner):
         self._check_feature_layers(feature_layers)
         prefix = input_ids[:, :-1].to(self.device)  # (1, T - 1)
         length = prefix.shape[1]
-        self._reserve(max(length + QUERY_BUCKETS[0], self.min_cache_length), keep=0)
+        room = max(self.prefill_chunk, QUERY_BUCKETS[0])
+        self._reserve(max(length + room, self.min_cache_length), keep=0)
         self.past_length = 0
         self._write_from(0)
         if length == 0:  # a one-token prompt: nothing to prefill
             return self._no_hidden_states(1, feature_layers)
+        if self.prefill_chunk:
+            return self._prefill_in_chunks(prefix[0], feature_layers)
         with self._attention() as windowed:
             window = length if windowed else self.cache_length
             allowed = padded_mask(torch.ones(length, length, dtype=torch.bool).tril(), length, window, 0)
@@ -128,6 +180,21 @@ class StaticTarget(ModelRunner):
             )
         self.past_length = length
         return hidden
+
+    def _prefill_in_chunks(self, prefix: torch.Tensor, feature_layers: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+        """Prefill ``prefix`` (n,) in forwards of ``prefill_chunk`` padded tokens, each attending causally to the
+        chunks before it; return the ``feature_layers`` hidden states, (1, n, H) each."""
+        chunk = self.prefill_chunk
+        pieces: list[tuple[torch.Tensor, ...]] = []
+        for begin in range(0, prefix.shape[0], chunk):
+            tokens = prefix[begin : begin + chunk]  # (c,)
+            count = tokens.shape[0]
+            allowed = torch.ones(count, begin + count, dtype=torch.bool).tril(begin)  # (c, begin + c) causal
+            _, hidden = self._forward_padded(tokens, torch.arange(begin, begin + count), allowed, feature_layers,
+                                             padded=chunk)
+            pieces.append(hidden)
+            self.past_length = begin + count
+        return tuple(torch.cat(states, dim=1) for states in zip(*pieces, strict=True)) if feature_layers else ()
 
     @torch.no_grad()
     def verify(
@@ -171,10 +238,20 @@ class StaticTarget(ModelRunner):
             logits: (1, n, V) float32 (``V`` the ``head``'s outputs); hidden: one (1, n, H) tensor per feature layer.
         """
         self._check_feature_layers(feature_layers)
-        real, past = tokens.shape[0], self.past_length
-        if allowed.shape != (real, past + real):
-            raise ValueError(f"allowed must have shape ({real}, {past + real}), got {tuple(allowed.shape)}")
+        real = tokens.shape[0]
+        if allowed.shape != (real, self.past_length + real):
+            raise ValueError(f"allowed must have shape ({real}, {self.past_length + real}), got {tuple(allowed.shape)}")
         padded = query_bucket(real)
+        self._shapes.add((padded, tuple(feature_layers)))
+        logits, hidden = self._forward_padded(tokens, positions, allowed, feature_layers, padded)
+        return logits.float(), hidden
+
+    def _forward_padded(
+        self, tokens: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, feature_layers: tuple[int, ...],
+        padded: int,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+        """:meth:`forward_nodes` padded to ``padded`` (>= n) tokens, the logits in the model's dtype."""
+        real, past = tokens.shape[0], self.past_length
         self.check_length(past + real)
         self._reserve(past + padded, keep=past)
         ids = torch.zeros(1, padded, dtype=torch.long, device=self.device)  # (1, Q)
@@ -182,14 +259,13 @@ class StaticTarget(ModelRunner):
         padded_positions = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,), padding rows anywhere
         padded_positions[:real] = positions.cpu()
         self._write_from(past)
-        self._shapes.add((padded, tuple(feature_layers)))
-        with self._attention() as windowed, self._compiling(padded):
+        with self._attention() as windowed, self._compiling(padded, (padded, feature_layers, self.cache_length)):
             window = past + padded if windowed else self.cache_length  # attended slots: up to the last one written
             mask = self._mask(padded_mask(allowed.cpu(), padded, window, past))  # (1, 1, Q, W)
             torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
             position_ids = padded_positions.view(1, -1).to(self.device)  # (1, Q)
             logits, hidden = self._forward_layers(ids, position_ids, mask, feature_layers)
-        return logits[:, :real].float(), tuple(h[:, :real] for h in hidden)
+        return logits[:, :real], tuple(h[:, :real] for h in hidden)
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Keep the KV entries of the root and the accepted nodes: copy them in place to follow the root.
@@ -252,8 +328,14 @@ class StaticTarget(ModelRunner):
     def _attention(self) -> contextlib.AbstractContextManager[bool]:
         return windowed_attention(self.decoder.config)
 
-    def _compiling(self, tokens: int) -> contextlib.AbstractContextManager[None]:
-        return compiled_settings(self.device.type, tokens) if self.compiled else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def _compiling(self, tokens: int, shape: Hashable) -> Iterator[None]:
+        """The context of a compiled forward of ``tokens`` padded tokens and shape key ``shape``."""
+        if not self.compiled:
+            yield
+            return
+        with compiled_settings(self.device.type, tokens, int4_weights=self.int4), self._warm.running(shape):
+            yield
 
     def _write_from(self, position: int) -> None:
         assert self.cache is not None
@@ -275,7 +357,8 @@ class StaticTarget(ModelRunner):
 
 
 @contextlib.contextmanager
-def compiled_settings(device_type: str = "cpu", tokens: int | None = None) -> Iterator[None]:
+def compiled_settings(device_type: str = "cpu", tokens: int | None = None, *, int4_weights: bool = False
+                      ) -> Iterator[None]:
     """The settings static-shape forwards on ``device_type`` are compiled and run under: inductor freezing
     (pre-packs the weights for oneDNN on CPU), a C++ wrapper around the generated kernels (no Python between them:
     ~1-2 ms less per SmolLM2 forward here, twice the compile time), linears that read the same input concatenated
@@ -292,11 +375,15 @@ def compiled_settings(device_type: str = "cpu", tokens: int | None = None) -> It
     and the template's vectorised micro-kernel does it faster than a oneDNN call (SmolLM2-135M bf16 on 2 cores: 13.2
     against 22.7 ms for one token, 16.1 against 19.2 ms for four); with more rows it turns compute-bound and oneDNN
     wins (51.4 against 24.3 ms for eight), so larger forwards keep oneDNN. Measured by
-    ``benchmarks/verifier_settings.py --setting cpp-gemm --cpp-gemm-max-tokens 16``. The settings in force when a
-    shape first runs are the ones it is compiled with."""
+    ``benchmarks/verifier_settings.py --setting cpp-gemm --cpp-gemm-max-tokens 16``.
+
+    ``int4_weights``: the model has :class:`specprim.models.Int4Linear` layers; every forward then uses the template,
+    whatever its size. ATen's int4 kernel, the only other choice, costs about one more one-token forward per 4-6 rows,
+    while the template's int4 micro-kernel stays nearly flat (``benchmarks/verifier_settings.py --setting
+    int4-gemm``). The settings in force when a shape first runs are the ones it is compiled with."""
     with (inductor_config.patch({"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}),
-          _small_gemm_kernels() if device_type == "cpu" and tokens is not None and tokens <= CPP_GEMM_MAX_TOKENS
-          else contextlib.nullcontext(),
+          _small_gemm_kernels() if device_type == "cpu" and tokens is not None
+          and (int4_weights or tokens <= CPP_GEMM_MAX_TOKENS) else contextlib.nullcontext(),
           _environment(FORCE_GQA, "1") if device_type == "cpu" else contextlib.nullcontext(),
           dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
         yield
