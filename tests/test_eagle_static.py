@@ -108,6 +108,18 @@ def test_compiled_static_drafting_and_verification_equal_generate(trained):
         assert out.stats.tau > 1.2
 
 
+def test_compile_sizes_runs_the_step_on_features_of_the_head_s_dtype():
+    """The dummy forwards compile the graphs generation runs: their features have the head's dtype (bf16 here), as a
+    generation's do, so a timed generation does not recompile for another input dtype."""
+    head = make_head(tiny_causal_lm("llama"), 3, 24).to(torch.bfloat16)
+    model = StaticEagleDraftModel(head, compile=False, min_cache_length=32)
+    dtypes = []
+    step = model._step
+    model._step = lambda ids, hidden, positions, mask: dtypes.append(hidden.dtype) or step(ids, hidden, positions, mask)
+    model.compile_sizes((2, 4))
+    assert dtypes == [torch.bfloat16, torch.bfloat16]
+
+
 def test_batches_raise(trained):
     target, head = trained
     ids = SHORT.repeat(2, 1)

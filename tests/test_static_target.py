@@ -347,15 +347,29 @@ def test_int4_forwards_multiply_through_the_cpp_gemm_template_at_every_size():
 
 def test_warm_shapes_skip_the_guards_from_a_shape_s_second_run_on():
     warm = _static_target.WarmShapes()
-    skipping = []
-    for key in ("a", "a", "b", "a"):
-        with warm.running(key):
-            skipping.append(torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe)
-    assert skipping == [False, True, False, True]
-    with pytest.raises(RuntimeError), warm.running("c"):
-        raise RuntimeError("the first run failed")
-    with warm.running("c"):
-        assert not torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe  # still cold: checked in full again
+
+    def skipping():
+        return torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe
+
+    assert [warm.call(key, skipping) for key in ("a", "a", "b", "a")] == [False, True, False, True]
+
+    def failing():
+        raise ValueError("the first run failed")
+
+    with pytest.raises(ValueError):
+        warm.call("c", failing)
+    assert not warm.call("c", skipping)  # still cold: checked in full again
+    calls = []
+
+    def needs_a_new_graph():  # what a compiled function raises when a warm call would have to recompile
+        calls.append(skipping())
+        if skipping():
+            raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
+        return "ran"
+
+    assert warm.call("a", needs_a_new_graph) == "ran" and calls == [True, False]  # run again with every guard
+    with pytest.raises(RuntimeError, match="another error"):
+        warm.call("a", lambda: (_ for _ in ()).throw(RuntimeError("another error")))
 
 
 def test_compiled_verification_with_skipped_guards_picks_the_right_graph(monkeypatch):

@@ -114,7 +114,8 @@ class StaticEagleDraftModel(EagleDraftModel):
         width = self.head.config.hidden_size
         for size in sizes:
             ids = torch.zeros(1, size, dtype=torch.long, device=self._device)
-            self._run(ids, torch.zeros(1, size, width, device=self._device), torch.arange(size),
+            features = torch.zeros(1, size, width, dtype=self.head.fc.weight.dtype, device=self._device)
+            self._run(ids, features, torch.arange(size),
                       torch.ones(size, size, dtype=torch.bool).tril(), 0, eager=False)
         self._num_pairs = -1  # no committed pairs survive: only a step-0 request is accepted next
 
@@ -141,13 +142,13 @@ class StaticEagleDraftModel(EagleDraftModel):
         step = self._head_step if eager else self._step
         compiling = self.compiled and not eager
         with (windowed_attention(self.head.layer_config) as windowed,
-              compiled_settings(self._device.type, padded) if compiling else contextlib.nullcontext(),
-              self._warm.running((padded, length)) if compiling else contextlib.nullcontext()):
+              compiled_settings(self._device.type, padded) if compiling else contextlib.nullcontext()):
             width = max(write_at + padded, allowed.shape[1]) if windowed else length  # up to the last slot written
             full = padded_mask(allowed, padded, width, write_at)  # (Q, W)
             mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, W)
             torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
-            predicted, logits = step(ids, inputs, rows.view(1, -1).to(self._device), mask)
+            arguments = (ids, inputs, rows.view(1, -1).to(self._device), mask)
+            predicted, logits = self._warm.call((padded, length), step, *arguments) if compiling else step(*arguments)
         return predicted[:, :count], logits[:, :count]
 
     def _head_step(

@@ -7,6 +7,7 @@ import contextlib
 import inspect
 import os
 from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 
 import torch
 from torch._dynamo import config as dynamo_config
@@ -54,28 +55,32 @@ def query_bucket(size: int) -> int:
 
 
 class WarmShapes:
-    """The compiled shapes a static forward has already run, and dynamo's guard check skipped for them.
+    """Calls of a compiled static forward, with dynamo's guard check cut short for shapes that already ran.
 
     Each call of a compiled function first evaluates its guards (about 0.8 ms per SmolLM2-135M verification on 2 CPU
-    cores, ``benchmarks/verifier_settings.py --setting guard-skip``). A static forward is called again and again with
-    the same few shapes, so :meth:`running` checks the guards in full the first time a shape key runs, and afterwards
+    cores: ``benchmarks/verifier_settings.py --setting guard-skip``). A static forward is called again and again with
+    the same few shapes, so :meth:`call` checks the guards in full the first time a shape key runs, and afterwards
     runs it under ``torch.compiler.set_stance(..., skip_guard_eval_unsafe=True)``: dynamo then evaluates only the
-    guards that told its compiled graphs apart so far (the ones that failed once and caused a recompilation), enough
-    to pick among graphs it has already built. The key must name everything a graph is specialized on besides the
+    guards that told its compiled graphs apart so far (those that failed once and caused a recompilation), enough to
+    pick among the graphs it has built. Should a warm call still need a new graph (dynamo raises then, before running
+    anything), it runs again with the guards in full. The key names what a graph is specialized on besides the
     guarded inputs: the padded size, the feature layers, the cache's length."""
 
     def __init__(self) -> None:
         self._warm: set[Hashable] = set()
 
-    @contextlib.contextmanager
-    def running(self, key: Hashable) -> Iterator[None]:
-        """The context to run the compiled forward of shape ``key`` in."""
-        if key not in self._warm:
-            yield
-            self._warm.add(key)  # only once it ran (and compiled) without an error
-            return
-        with torch.compiler.set_stance(_current_stance(), skip_guard_eval_unsafe=True):
-            yield
+    def call(self, key: Hashable, function: Callable[..., Any], *args: Any) -> Any:
+        """``function(*args)``, the compiled forward of shape ``key``."""
+        if key in self._warm:
+            try:
+                with torch.compiler.set_stance(_current_stance(), skip_guard_eval_unsafe=True):
+                    return function(*args)
+            except RuntimeError as error:
+                if "skip_guard_eval_unsafe" not in str(error):  # not dynamo asking for a recompilation
+                    raise
+        result = function(*args)
+        self._warm.add(key)
+        return result
 
 
 def _current_stance() -> str:
@@ -259,12 +264,17 @@ class StaticTarget(ModelRunner):
         padded_positions = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,), padding rows anywhere
         padded_positions[:real] = positions.cpu()
         self._write_from(past)
-        with self._attention() as windowed, self._compiling(padded, (padded, feature_layers, self.cache_length)):
+        with self._attention() as windowed, self._compiling(padded):
             window = past + padded if windowed else self.cache_length  # attended slots: up to the last one written
             mask = self._mask(padded_mask(allowed.cpu(), padded, window, past))  # (1, 1, Q, W)
             torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
             position_ids = padded_positions.view(1, -1).to(self.device)  # (1, Q)
-            logits, hidden = self._forward_layers(ids, position_ids, mask, feature_layers)
+            arguments = (ids, position_ids, mask, feature_layers)
+            if self.compiled:
+                logits, hidden = self._warm.call((padded, feature_layers, self.cache_length), self._forward_layers,
+                                                 *arguments)
+            else:
+                logits, hidden = self._forward_layers(*arguments)
         return logits[:, :real], tuple(h[:, :real] for h in hidden)
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
@@ -328,14 +338,10 @@ class StaticTarget(ModelRunner):
     def _attention(self) -> contextlib.AbstractContextManager[bool]:
         return windowed_attention(self.decoder.config)
 
-    @contextlib.contextmanager
-    def _compiling(self, tokens: int, shape: Hashable) -> Iterator[None]:
-        """The context of a compiled forward of ``tokens`` padded tokens and shape key ``shape``."""
+    def _compiling(self, tokens: int) -> contextlib.AbstractContextManager[None]:
         if not self.compiled:
-            yield
-            return
-        with compiled_settings(self.device.type, tokens, int4_weights=self.int4), self._warm.running(shape):
-            yield
+            return contextlib.nullcontext()
+        return compiled_settings(self.device.type, tokens, int4_weights=self.int4)
 
     def _write_from(self, position: int) -> None:
         assert self.cache is not None
