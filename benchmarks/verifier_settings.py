@@ -12,7 +12,7 @@ measured here, each against the same settings with it switched off:
 * ``cpp-gemm``: forwards of at most ``CPP_GEMM_MAX_TOKENS`` (4) padded tokens multiplying through inductor's C++ GEMM
   template instead of oneDNN (``--cpp-gemm-max-tokens 16`` times the template at every size).
 * ``int4-gemm``: int4 weights on both sides; forwards of every size multiplying through the C++ GEMM template (what
-  ``compiled_settings(..., int4_weights=True)`` does) instead of only those of at most ``CPP_GEMM_MAX_TOKENS``;
+  ``compiled_settings(..., gemm_template=True)`` does) instead of only those of at most ``CPP_GEMM_MAX_TOKENS``;
 * ``guard-skip``: dynamo's guards checked in full only on a shape's first call (``specprim.hf.WarmShapes``), against
   at every call;
 * ``int8-all``, ``int4``, ``int4-all``: not a compiled setting but the weights: linear layers weight-only quantized
@@ -36,7 +36,8 @@ import contextlib
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Hashable, Iterator
+from typing import Any
 from unittest import mock
 
 import torch
@@ -73,14 +74,15 @@ def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContex
     """specprim's compiled settings, with ``setting`` on or off as ``_switched_on["on"]`` says."""
 
     @contextlib.contextmanager
-    def settings(device_type: str = "cpu", tokens: int | None = None, *, int4_weights: bool = False) -> Iterator[None]:
+    def settings(device_type: str = "cpu", tokens: int | None = None, *,
+                 gemm_template: bool | None = None) -> Iterator[None]:
         on = _switched_on["on"]
-        if setting == "int4-gemm":
-            with _settings(device_type, tokens, int4_weights=int4_weights and on):
+        if setting == "int4-gemm":  # off: the template by size, as for bf16 weights
+            with _settings(device_type, tokens, gemm_template=gemm_template if on else None):
                 yield
             return
         with contextlib.nullcontext() if on else _off(setting), _settings(device_type, tokens,
-                                                                          int4_weights=int4_weights):
+                                                                          gemm_template=gemm_template):
             yield
 
     return settings
@@ -89,8 +91,8 @@ def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContex
 class _AlwaysCold:
     """A ``WarmShapes`` that never skips dynamo's guards."""
 
-    def running(self, key: object) -> contextlib.AbstractContextManager[None]:
-        return contextlib.nullcontext()
+    def call(self, key: Hashable, function: Callable[..., Any], *args: Any) -> Any:
+        return function(*args)
 
 
 def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, queries: int, repeats: int,

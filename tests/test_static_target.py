@@ -336,13 +336,33 @@ def test_int4_targets_prefill_in_chunks_when_compiled():
             StaticTarget(int4, prefill_chunk=bad)
 
 
-def test_int4_forwards_multiply_through_the_cpp_gemm_template_at_every_size():
+def test_a_compiled_int4_target_decodes_what_its_own_generate_decodes():
+    """fp32 int4 tiny Llama, compiled: the chunked prefill and template-or-ATen products at every size keep greedy
+    parity with the quantized model's ``generate``."""
+    from specprim.models import quantize_weights
+
+    int4 = quantize_weights(tiny_causal_lm("llama"), "int4")
+    verifier = StaticTarget(int4)
+    assert verifier.prefill_chunk == _static_target.PREFILL_CHUNK
+    out = _decode(verifier, PromptLookup(), PROMPT, 16)
+    assert torch.equal(out.sequences, hf_greedy(int4, PROMPT, 16))
+
+
+def test_the_gemm_template_can_be_chosen_at_every_size_or_never():
+    """bf16 int4 targets take the template at every size, int4 in other dtypes never (it has no kernel for them)."""
+    from specprim.models import quantize_weights
+
     config = torch._inductor.config
     for tokens in (2, 8, 64):
-        with _static_target.compiled_settings("cpu", tokens, int4_weights=True):
-            assert config.max_autotune and config.max_autotune_gemm_backends == "CPP"
-    with _static_target.compiled_settings("cuda", 8, int4_weights=True):
+        for choice in (True, False):
+            with _static_target.compiled_settings("cpu", tokens, gemm_template=choice):
+                assert config.max_autotune == choice and (config.max_autotune_gemm_backends == "CPP") == choice
+    with _static_target.compiled_settings("cuda", 8, gemm_template=True):
         assert not config.max_autotune
+    int4 = quantize_weights(tiny_causal_lm("llama"), "int4")
+    assert StaticTarget(int4)._gemm_template is False  # float32
+    assert StaticTarget(int4.to(torch.bfloat16))._gemm_template is True
+    assert StaticTarget(tiny_causal_lm("llama"))._gemm_template is None
 
 
 def test_warm_shapes_skip_the_guards_from_a_shape_s_second_run_on():

@@ -1,11 +1,13 @@
 """``llama-cpp`` and ``llama-cpp-prompt-lookup``: llama.cpp on the same GGUF file, as benchmark baselines.
 
-Optional: they need ``llama-cpp-python`` (``pip install llama-cpp-python``, built from source, 20+ minutes on two
-cores). llama.cpp runs in a worker process (``specprim.bench._llama_worker``) that loads the model once and
-decodes greedily on request; the harness times each request around the pipe round trip. llama.cpp computes with
-the GGUF's own quantized weights and its own kernels, while specprim and ``hf`` run the de-quantized checkpoint (with
-``--quantize int4``, its ``Q4_1`` layers re-encoded as 4-bit groups, but bf16 activations), so outputs are expected
-to differ (``identical`` compares them all the same).
+Optional: they need ``llama-cpp-python`` (``pip install llama-cpp-python``, built from source, 5-20 minutes on two
+cores). On a CPU with AMX, a native build's AMX matrix product can crash on multi-token batches (seen here: a
+segmentation fault in ``ggml_backend_amx_mul_mat`` during the prefill, even with ``use_extra_bufts=False``); then build
+it without AMX, keeping the AVX-512 kernels (see ``docs/bench.md``). llama.cpp runs in a worker process
+(``specprim.bench._llama_worker``) that loads the model once and decodes greedily on request; the harness times each
+request around the pipe round trip. llama.cpp computes with the GGUF's own quantized weights and its own kernels, while
+specprim and ``hf`` run the de-quantized checkpoint (with ``--quantize int4``, its ``Q4_1`` layers re-encoded as 4-bit
+groups, but bf16 activations), so outputs are expected to differ (``identical`` compares them all the same).
 """
 
 from __future__ import annotations

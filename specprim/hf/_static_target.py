@@ -57,14 +57,14 @@ def query_bucket(size: int) -> int:
 class WarmShapes:
     """Calls of a compiled static forward, with dynamo's guard check cut short for shapes that already ran.
 
-    Each call of a compiled function first evaluates its guards (about 0.8 ms per SmolLM2-135M verification on 2 CPU
-    cores: ``benchmarks/verifier_settings.py --setting guard-skip``). A static forward is called again and again with
-    the same few shapes, so :meth:`call` checks the guards in full the first time a shape key runs, and afterwards
-    runs it under ``torch.compiler.set_stance(..., skip_guard_eval_unsafe=True)``: dynamo then evaluates only the
-    guards that told its compiled graphs apart so far (those that failed once and caused a recompilation), enough to
-    pick among the graphs it has built. Should a warm call still need a new graph (dynamo raises then, before running
-    anything), it runs again with the guards in full. The key names what a graph is specialized on besides the
-    guarded inputs: the padded size, the feature layers, the cache's length."""
+    Each call of a compiled function first evaluates its guards (0.4-0.6 ms per SmolLM2-135M verification on 2 CPU
+    cores, 3-4 % of it: ``benchmarks/verifier_settings.py --setting guard-skip``). A static forward is called again
+    and again with the same few shapes, so :meth:`call` checks the guards in full the first time a shape key runs, and
+    afterwards runs it under ``torch.compiler.set_stance(..., skip_guard_eval_unsafe=True)``: dynamo then evaluates
+    only the guards that told its compiled graphs apart so far (those that failed once and caused a recompilation),
+    enough to pick among the graphs it has built. Should a warm call still need a new graph (dynamo raises then,
+    before running anything), it runs again with the guards in full. The key names what a graph is specialized on
+    besides the guarded inputs: the padded size, the feature layers, the cache's length."""
 
     def __init__(self) -> None:
         self._warm: set[Hashable] = set()
@@ -141,6 +141,8 @@ class StaticTarget(ModelRunner):
             raise ValueError(f"prefill_chunk must be None or an int >= 0, got {prefill_chunk!r}")
         self.min_cache_length = min_cache_length
         self.int4 = any(isinstance(module, Int4Linear) for module in model.modules())
+        # int4: the template at every size in bfloat16 (its int4 kernel's only dtype here), never in others
+        self._gemm_template = (self.dtype == torch.bfloat16) if self.int4 else None
         if prefill_chunk is None:
             prefill_chunk = PREFILL_CHUNK if compile and self.int4 else 0
         self.prefill_chunk = prefill_chunk  # 0: one eager forward
@@ -341,7 +343,7 @@ class StaticTarget(ModelRunner):
     def _compiling(self, tokens: int) -> contextlib.AbstractContextManager[None]:
         if not self.compiled:
             return contextlib.nullcontext()
-        return compiled_settings(self.device.type, tokens, int4_weights=self.int4)
+        return compiled_settings(self.device.type, tokens, gemm_template=self._gemm_template)
 
     def _write_from(self, position: int) -> None:
         assert self.cache is not None
@@ -363,7 +365,7 @@ class StaticTarget(ModelRunner):
 
 
 @contextlib.contextmanager
-def compiled_settings(device_type: str = "cpu", tokens: int | None = None, *, int4_weights: bool = False
+def compiled_settings(device_type: str = "cpu", tokens: int | None = None, *, gemm_template: bool | None = None
                       ) -> Iterator[None]:
     """The settings static-shape forwards on ``device_type`` are compiled and run under: inductor freezing
     (pre-packs the weights for oneDNN on CPU), a C++ wrapper around the generated kernels (no Python between them:
@@ -383,16 +385,25 @@ def compiled_settings(device_type: str = "cpu", tokens: int | None = None, *, in
     wins (51.4 against 24.3 ms for eight), so larger forwards keep oneDNN. Measured by
     ``benchmarks/verifier_settings.py --setting cpp-gemm --cpp-gemm-max-tokens 16``.
 
-    ``int4_weights``: the model has :class:`specprim.models.Int4Linear` layers; every forward then uses the template,
-    whatever its size. ATen's int4 kernel, the only other choice, costs about one more one-token forward per 4-6 rows,
-    while the template's int4 micro-kernel stays nearly flat (``benchmarks/verifier_settings.py --setting
-    int4-gemm``). The settings in force when a shape first runs are the ones it is compiled with."""
+    ``gemm_template``: ``None`` chooses by size as above; ``True`` uses the template at every size, ``False`` never
+    (on CPU). :class:`StaticTarget` passes ``True`` for a bfloat16 model with :class:`specprim.models.Int4Linear`
+    layers: ATen's int4 kernel, the only other choice, costs about one more one-token forward per 4-6 rows, while the
+    template's int4 micro-kernel stays nearly flat (``benchmarks/verifier_settings.py --setting int4-gemm``); and
+    ``False`` for int4 layers in another dtype, which the template does not take (inductor would then have no kernel
+    left to choose). The settings in force when a shape first runs are the ones it is compiled with."""
     with (inductor_config.patch({"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}),
-          _small_gemm_kernels() if device_type == "cpu" and tokens is not None
-          and (int4_weights or tokens <= CPP_GEMM_MAX_TOKENS) else contextlib.nullcontext(),
+          _small_gemm_kernels() if device_type == "cpu" and _uses_gemm_template(tokens, gemm_template)
+          else contextlib.nullcontext(),
           _environment(FORCE_GQA, "1") if device_type == "cpu" else contextlib.nullcontext(),
           dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
         yield
+
+
+def _uses_gemm_template(tokens: int | None, gemm_template: bool | None) -> bool:
+    """Whether a CPU forward of ``tokens`` padded tokens multiplies through the C++ GEMM template."""
+    if gemm_template is not None:
+        return gemm_template
+    return tokens is not None and tokens <= CPP_GEMM_MAX_TOKENS
 
 
 def _small_gemm_kernels() -> contextlib.AbstractContextManager[None]:
