@@ -38,7 +38,7 @@ RECOMPILE_LIMIT = 64
 
 CPP_GEMM_MAX_TOKENS = 4
 """On CPU, forwards of at most this many (padded) query tokens multiply through inductor's C++ GEMM template instead
-of oneDNN (see :func:`compiled_settings`); forwards of int4 models use it at every size."""
+of oneDNN (see :func:`compiled_settings`); forwards of bfloat16 int4 models use it at every size."""
 
 PREFILL_CHUNK = 64
 """Tokens per forward of a chunked prefill (see :class:`StaticTarget`'s ``prefill_chunk``)."""

@@ -8,9 +8,11 @@ Nothing is approximated: the weights are the model's own bfloat16 values and pro
 Measured on a 2-core AVX512-BF16/AMX CPU (SmolLM2-135M, bfloat16, 200-token context, see ``docs/models.md``): a
 one-token step 38.9 -> 33.4 ms, a 16-token verification 59.9 -> 45.3 ms.
 
-Row independence: every output row depends on its own input row only, bit for bit, whatever the number of rows
-(tested), so a token's ``p`` is the same scored alone or inside a tree; speculation with a packed target is
-lossless with respect to that packed target, as with the stock model.
+Exactness: a packed layer's output equals ``F.linear``'s bit for bit, whatever the number of rows (tested), so a
+packed target computes what the stock model computes. Row independence is oneDNN's: up to 32 rows every output row
+equals that row computed alone (tested); from 33 rows on, oneDNN may switch kernels and round a row an ulp apart on
+some CPUs, packed or not (seen on an AVX512-BF16/AMX machine). Speculation with a packed target is lossless with
+respect to that packed target, as with the stock model, up to that rounding (prefills of more than 32 tokens).
 """
 
 from __future__ import annotations
