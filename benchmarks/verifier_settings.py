@@ -129,10 +129,10 @@ def main() -> None:
         _static_target.windowed_attention = _switchable_window
     elif args.setting in QUANTIZED:  # the same settings, other weights
         weights[True] = {"quantize": args.setting, "pack": not args.setting.endswith("-all")}
-    elif args.setting != "guard-skip":
+    elif args.setting != "guard-skip":  # guard-skip: the same settings, one verifier checking every guard (below)
         _static_target.compiled_settings = _switchable_settings(args.setting)
-    if args.setting == "int4-gemm":
-        weights = {False: {"quantize": "int4", "pack": True}, True: {"quantize": "int4", "pack": True}}
+    if args.setting == "int4-gemm":  # int4 weights on both sides
+        weights = {on: {"quantize": "int4", "pack": True} for on in (False, True)}
     verifiers = {setting_on: StaticTarget(models.load(args.target, dtype=torch.bfloat16, **weights[setting_on])[0])
                  for setting_on in (False, True)}
     if args.setting == "guard-skip":

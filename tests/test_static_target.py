@@ -19,6 +19,7 @@ from specprim.drafters._eagle_draft import eagle_drafter
 from specprim.hf import HFTarget, StaticTarget, _static_target, query_bucket
 from specprim.hf._windowed_attention import WINDOWED_SDPA, windowed_attention, windowed_sdpa_forward
 from specprim.masks import additive_mask
+from specprim.models import quantize_weights
 from specprim.trees import DynamicTree
 
 BRANCHING = DynamicTree(depth=3, top_k=3, budget=9)
@@ -324,8 +325,6 @@ def test_a_chunked_prefill_computes_the_eager_prefill(chunk):
 
 
 def test_int4_targets_prefill_in_chunks_when_compiled():
-    from specprim.models import quantize_weights
-
     int4 = quantize_weights(tiny_causal_lm("llama"), "int4")
     assert StaticTarget(int4).prefill_chunk == _static_target.PREFILL_CHUNK
     assert StaticTarget(int4, compile=False).prefill_chunk == 0
@@ -339,8 +338,6 @@ def test_int4_targets_prefill_in_chunks_when_compiled():
 def test_a_compiled_int4_target_decodes_what_its_own_generate_decodes():
     """fp32 int4 tiny Llama, compiled: the chunked prefill and template-or-ATen products at every size keep greedy
     parity with the quantized model's ``generate``."""
-    from specprim.models import quantize_weights
-
     int4 = quantize_weights(tiny_causal_lm("llama"), "int4")
     verifier = StaticTarget(int4)
     assert verifier.prefill_chunk == _static_target.PREFILL_CHUNK
@@ -350,8 +347,6 @@ def test_a_compiled_int4_target_decodes_what_its_own_generate_decodes():
 
 def test_the_gemm_template_can_be_chosen_at_every_size_or_never():
     """bf16 int4 targets take the template at every size, int4 in other dtypes never (it has no kernel for them)."""
-    from specprim.models import quantize_weights
-
     config = torch._inductor.config
     for tokens in (2, 8, 64):
         for choice in (True, False):

@@ -140,11 +140,11 @@ class StaticTarget(ModelRunner):
                                           or prefill_chunk < 0):
             raise ValueError(f"prefill_chunk must be None or an int >= 0, got {prefill_chunk!r}")
         self.min_cache_length = min_cache_length
-        self.int4 = any(isinstance(module, Int4Linear) for module in model.modules())
+        int4 = any(isinstance(module, Int4Linear) for module in model.modules())
         # int4: the template at every size in bfloat16 (its int4 kernel's only dtype here), never in others
-        self._gemm_template = (self.dtype == torch.bfloat16) if self.int4 else None
+        self._gemm_template = (self.dtype == torch.bfloat16) if int4 else None
         if prefill_chunk is None:
-            prefill_chunk = PREFILL_CHUNK if compile and self.int4 else 0
+            prefill_chunk = PREFILL_CHUNK if compile and int4 else 0
         self.prefill_chunk = prefill_chunk  # 0: one eager forward
         self.head = model.get_output_embeddings() if head is None else head  # (..., H) -> (..., V) logits
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (padded size, feature layers) verified so far
