@@ -13,8 +13,8 @@ measured here, each against the same settings with it switched off:
   template instead of oneDNN (``--cpp-gemm-max-tokens 16`` times the template at every size).
 * ``int4-gemm``: int4 weights on both sides; forwards of every size multiplying through the C++ GEMM template (what
   ``compiled_settings(..., gemm_template=True)`` does) instead of only those of at most ``CPP_GEMM_MAX_TOKENS``;
-* ``guard-skip``: dynamo's guards checked in full only on a shape's first call (``specprim.hf.WarmShapes``), against
-  at every call;
+* ``guard-skip``: dynamo's guards checked in full, and the compile settings entered, only on a shape's first call
+  (``specprim.hf.WarmShapes``), against at every call;
 * ``int8-all``, ``int4``, ``int4-all``: not a compiled setting but the weights: linear layers weight-only quantized
   (``models.load(..., quantize=...)``; ``int4`` keeps the LM head, packed) against packed bf16 ones, under the same
   compiled settings.
@@ -51,6 +51,7 @@ SIZES = (1, 4, 8, 16)
 QUANTIZED = ("int8-all", "int4", "int4-all")
 _settings = _static_target.compiled_settings
 _windowed_attention = _static_target.windowed_attention
+_attends_windowed = _static_target.attends_windowed
 _switched_on = {"on": True}
 
 
@@ -89,10 +90,12 @@ def _switchable_settings(setting: str) -> Callable[[], contextlib.AbstractContex
 
 
 class _AlwaysCold:
-    """A ``WarmShapes`` that never skips dynamo's guards."""
+    """A ``WarmShapes`` that never skips dynamo's guards (nor the compile settings)."""
 
-    def call(self, key: Hashable, function: Callable[..., Any], *args: Any) -> Any:
-        return function(*args)
+    def call(self, key: Hashable, function: Callable[..., Any], *args: Any,
+             settings: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext) -> Any:
+        with settings():
+            return function(*args)
 
 
 def verify_ms(verifier: StaticTarget, setting_on: bool, context: torch.Tensor, queries: int, repeats: int,
@@ -125,8 +128,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     _static_target.CPP_GEMM_MAX_TOKENS = args.cpp_gemm_max_tokens
     weights = {False: {"pack": True}, True: {"pack": True}}
-    if args.setting == "window":  # StaticTarget looks both up at every call
+    if args.setting == "window":  # StaticTarget looks both up at every call (the first one when it compiles)
         _static_target.windowed_attention = _switchable_window
+        _static_target.attends_windowed = lambda config: _switched_on["on"] and _attends_windowed(config)
     elif args.setting in QUANTIZED:  # the same settings, other weights
         weights[True] = {"quantize": args.setting, "pack": not args.setting.endswith("-all")}
     elif args.setting != "guard-skip":  # guard-skip: the same settings, one verifier checking every guard (below)

@@ -53,6 +53,15 @@ def depths_of(parents: list[int]) -> list[int]:
     return depths
 
 
+def children_of(parents: list[int] | tuple[int, ...]) -> list[list[int]]:
+    """``children[c + 1]`` lists the children of node ``c`` of a validated tree (``c = -1``: the root), in node
+    order."""
+    table: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for node, parent in enumerate(parents):
+        table[parent + 1].append(node)
+    return table
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class DraftTree:
     """A batch of draft trees sharing one shape.
@@ -136,10 +145,7 @@ class DraftTree:
     @cached_property
     def children(self) -> list[list[int]]:
         """``children[c + 1]`` lists the children of node ``c`` (``c = -1`` is the root), in node order."""
-        table: list[list[int]] = [[] for _ in range(self.num_nodes + 1)]
-        for i, parent in enumerate(self.parent_list):
-            table[parent + 1].append(i)
-        return table
+        return children_of(self.parent_list)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

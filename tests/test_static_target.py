@@ -3,6 +3,7 @@ own ``generate`` decodes (fp32, branching trees whose accepted nodes must be mov
 states, a cache that grows mid-generation, sampling with a fixed seed); a verifier that skips the cache move is
 caught; the bench verifies through it; unsupported models and inputs raise clear errors."""
 
+import contextlib
 import os
 
 import pytest
@@ -385,6 +386,28 @@ def test_warm_shapes_skip_the_guards_from_a_shape_s_second_run_on():
     assert warm.call("a", needs_a_new_graph) == "ran" and calls == [True, False]  # run again with every guard
     with pytest.raises(RuntimeError, match="another error"):
         warm.call("a", lambda: (_ for _ in ()).throw(RuntimeError("another error")))
+
+
+def test_warm_shapes_enter_the_settings_only_for_calls_that_check_every_guard():
+    warm, entered = _static_target.WarmShapes(), []
+
+    @contextlib.contextmanager
+    def settings():
+        entered.append(True)
+        yield
+
+    def skipping():
+        return torch._dynamo.eval_frame._stance.skip_guard_eval_unsafe
+
+    assert [warm.call(key, skipping, settings=settings) for key in ("a", "a", "b", "a")] == [False, True, False, True]
+    assert len(entered) == 2  # the first call of "a" and of "b"
+
+    def needs_a_new_graph():
+        if skipping():
+            raise RuntimeError("Recompilation triggered with skip_guard_eval_unsafe stance.")
+        return "ran"
+
+    assert warm.call("a", needs_a_new_graph, settings=settings) == "ran" and len(entered) == 3  # the retry
 
 
 def test_compiled_verification_with_skipped_guards_picks_the_right_graph(monkeypatch):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import ClassVar, Protocol, runtime_checkable
 
 import torch
 
-from specprim._types import DraftTree, Verdict
+from specprim._types import DraftTree, Verdict, children_of, depths_of
 
 
 @runtime_checkable
@@ -83,28 +84,34 @@ class TreeTables:
 
     @classmethod
     def of(cls, tree: DraftTree, device: torch.device) -> TreeTables:
-        parents, num_nodes, max_depth = tree.parent_list, tree.num_nodes, tree.depth
-        ancestors = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
-        paths = torch.full((num_nodes + 1, max_depth), -1, dtype=torch.long)
-        for node, parent in enumerate(parents):
-            if parent >= 0:
-                ancestors[node] = ancestors[parent]
-                paths[node + 1] = paths[parent + 1]
-            ancestors[node, node] = True
-            paths[node + 1, tree.depth_list[node] - 1] = node
-        max_kids = max((len(kids) for kids in tree.children), default=0)
-        children = torch.full((num_nodes + 1, max_kids), -1, dtype=torch.long)
-        for row, kids in enumerate(tree.children):
-            children[row, : len(kids)] = torch.tensor(kids, dtype=torch.long)
-        depth = torch.tensor([0, *tree.depth_list], dtype=torch.long)
-        parent_row = torch.tensor(parents, dtype=torch.long) + 1
-        return cls(
-            ancestors=ancestors.to(device),
-            depth=depth.to(device),
-            paths=paths.to(device),
-            children=children.to(device),
-            parent_row=parent_row.to(device),
-        )
+        """The tables of ``tree``'s shape on ``device``: built once per (parents, device) and shared (rules read
+        them, never write them), since a generation drafts the same few shapes again and again."""
+        return _tables(tuple(tree.parent_list), torch.device(device))
+
+
+@functools.lru_cache(maxsize=1024)
+def _tables(parents: tuple[int, ...], device: torch.device) -> TreeTables:
+    depths = depths_of(list(parents))
+    num_nodes, max_depth = len(parents), max(depths, default=0)
+    ancestors = torch.zeros(num_nodes, num_nodes, dtype=torch.bool)
+    paths = torch.full((num_nodes + 1, max_depth), -1, dtype=torch.long)
+    for node, parent in enumerate(parents):
+        if parent >= 0:
+            ancestors[node] = ancestors[parent]
+            paths[node + 1] = paths[parent + 1]
+        ancestors[node, node] = True
+        paths[node + 1, depths[node] - 1] = node
+    kids = children_of(parents)  # row c + 1: the children of node c
+    children = torch.full((num_nodes + 1, max(map(len, kids))), -1, dtype=torch.long)
+    for row, nodes in enumerate(kids):
+        children[row, : len(nodes)] = torch.tensor(nodes, dtype=torch.long)
+    return TreeTables(
+        ancestors=ancestors.to(device),
+        depth=torch.tensor([0, *depths], dtype=torch.long, device=device),
+        paths=paths.to(device),
+        children=children.to(device),
+        parent_row=(torch.tensor(parents, dtype=torch.long) + 1).to(device),
+    )
 
 
 def rows_at(x: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,10 @@ from specprim.acceptance._base import (
     TreeTables,
     all_ancestors_flagged,
     deepest,
-    rows_at,
     validate_inputs,
     verdict_at,
 )
+from specprim.sampling import argmax
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,8 +38,8 @@ class Greedy:
     def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
         validate_inputs(p, tree)
         tables = TreeTables.of(tree, p.device)
-        best = p.argmax(dim=-1)  # (B, N + 1)
+        best = argmax(p)  # (B, N + 1) the target's choice after the root and after every node
         flags = tree.tokens == best[:, tables.parent_row]  # (B, N): token is its parent's argmax
         end = deepest(all_ancestors_flagged(flags, tables), tables)  # (B,)
-        next_token = rows_at(p, end).argmax(dim=-1)  # (B,)
+        next_token = best.gather(1, (end + 1)[:, None])[:, 0]  # (B,) the choice after the path's last node
         return verdict_at(end, next_token, tables)

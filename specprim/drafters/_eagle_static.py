@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 from transformers import StaticCache
 
@@ -14,13 +12,13 @@ from specprim.drafters._eagle_head import EagleHead
 from specprim.hf._static_target import (
     QUERY_BUCKETS,
     WarmShapes,
-    compiled_settings,
+    compiled_forward_settings,
     grown_cache,
     padded_mask,
     query_bucket,
     write_from,
 )
-from specprim.hf._windowed_attention import windowed_attention
+from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 from specprim.masks import additive_mask, tree_extension_mask
 
 __all__ = ["StaticEagleDraftModel"]
@@ -139,16 +137,19 @@ class StaticEagleDraftModel(EagleDraftModel):
         rows = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,) padding at the first row's position
         rows[:count] = positions.cpu()
         write_from(self.cache, write_at)
-        step = self._head_step if eager else self._step
-        compiling = self.compiled and not eager
-        with (windowed_attention(self.head.layer_config) as windowed,
-              compiled_settings(self._device.type, padded) if compiling else contextlib.nullcontext()):
-            width = max(write_at + padded, allowed.shape[1]) if windowed else length  # up to the last slot written
-            full = padded_mask(allowed, padded, width, write_at)  # (Q, W)
-            mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, W)
-            torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
-            arguments = (ids, inputs, rows.view(1, -1).to(self._device), mask)
-            predicted, logits = self._warm.call((padded, length), step, *arguments) if compiling else step(*arguments)
+        config = self.head.layer_config
+        width = max(write_at + padded, allowed.shape[1]) if attends_windowed(config) else length  # to the last write
+        full = padded_mask(allowed, padded, width, write_at)  # (Q, W)
+        mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, W)
+        torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
+        arguments = (ids, inputs, rows.view(1, -1).to(self._device), mask)
+        if self.compiled and not eager:
+            predicted, logits = self._warm.call(
+                (padded, length), self._step, *arguments,
+                settings=lambda: compiled_forward_settings(config, self._device.type, padded))
+        else:
+            with windowed_attention(config):
+                predicted, logits = (self._head_step if eager else self._step)(*arguments)
         return predicted[:, :count], logits[:, :count]
 
     def _head_step(

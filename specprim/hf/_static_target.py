@@ -18,7 +18,7 @@ from transformers.utils import output_capturing
 
 from specprim._types import DraftTree
 from specprim.hf._target import ModelRunner
-from specprim.hf._windowed_attention import windowed_attention
+from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
 from specprim.models._pack import stock_kernels
 from specprim.models._quantize import Int4Linear
@@ -69,8 +69,14 @@ class WarmShapes:
     def __init__(self) -> None:
         self._warm: set[Hashable] = set()
 
-    def call(self, key: Hashable, function: Callable[..., Any], *args: Any) -> Any:
-        """``function(*args)``, the compiled forward of shape ``key``."""
+    def call(
+        self, key: Hashable, function: Callable[..., Any], *args: Any,
+        settings: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+    ) -> Any:
+        """``function(*args)``, the compiled forward of shape ``key``. ``settings()`` is the context it is compiled
+        under (e.g. :func:`compiled_settings`); it is entered only for calls that check the guards in full, which
+        may compile. A warm call runs a graph already built, as it was built, and skips it (about 0.2 ms per call
+        here)."""
         if key in self._warm:
             try:
                 with torch.compiler.set_stance(_current_stance(), skip_guard_eval_unsafe=True):
@@ -78,7 +84,8 @@ class WarmShapes:
             except RuntimeError as error:
                 if "skip_guard_eval_unsafe" not in str(error):  # not dynamo asking for a recompilation
                     raise
-        result = function(*args)
+        with settings():
+            result = function(*args)
         self._warm.add(key)
         return result
 
@@ -266,16 +273,19 @@ class StaticTarget(ModelRunner):
         padded_positions = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,), padding rows anywhere
         padded_positions[:real] = positions.cpu()
         self._write_from(past)
-        with self._attention() as windowed, self._compiling(padded):
-            window = past + padded if windowed else self.cache_length  # attended slots: up to the last one written
-            mask = self._mask(padded_mask(allowed.cpu(), padded, window, past))  # (1, 1, Q, W)
-            torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
-            position_ids = padded_positions.view(1, -1).to(self.device)  # (1, Q)
-            arguments = (ids, position_ids, mask, feature_layers)
-            if self.compiled:
-                logits, hidden = self._warm.call((padded, feature_layers, self.cache_length), self._forward_layers,
-                                                 *arguments)
-            else:
+        # attended slots: up to the last one written
+        window = past + padded if attends_windowed(self.decoder.config) else self.cache_length
+        mask = self._mask(padded_mask(allowed.cpu(), padded, window, past))  # (1, 1, Q, W)
+        torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
+        position_ids = padded_positions.view(1, -1).to(self.device)  # (1, Q)
+        arguments = (ids, position_ids, mask, feature_layers)
+        if self.compiled:
+            logits, hidden = self._warm.call(
+                (padded, feature_layers, self.cache_length), self._forward_layers, *arguments,
+                settings=lambda: compiled_forward_settings(self.decoder.config, self.device.type, padded,
+                                                           gemm_template=self._gemm_template))
+        else:
+            with self._attention():
                 logits, hidden = self._forward_layers(*arguments)
         return logits[:, :real], tuple(h[:, :real] for h in hidden)
 
@@ -340,11 +350,6 @@ class StaticTarget(ModelRunner):
     def _attention(self) -> contextlib.AbstractContextManager[bool]:
         return windowed_attention(self.decoder.config)
 
-    def _compiling(self, tokens: int) -> contextlib.AbstractContextManager[None]:
-        if not self.compiled:
-            return contextlib.nullcontext()
-        return compiled_settings(self.device.type, tokens, gemm_template=self._gemm_template)
-
     def _write_from(self, position: int) -> None:
         assert self.cache is not None
         write_from(self.cache, position)
@@ -396,6 +401,15 @@ def compiled_settings(device_type: str = "cpu", tokens: int | None = None, *, ge
           else contextlib.nullcontext(),
           _environment(FORCE_GQA, "1") if device_type == "cpu" else contextlib.nullcontext(),
           dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT), stock_kernels(), _output_capturing_off()):
+        yield
+
+
+@contextlib.contextmanager
+def compiled_forward_settings(config: PretrainedConfig, device_type: str = "cpu", tokens: int | None = None, *,
+                              gemm_template: bool | None = None) -> Iterator[None]:
+    """What a static forward of a model reading ``config`` is compiled under: :func:`windowed_attention` and
+    :func:`compiled_settings` (same arguments)."""
+    with windowed_attention(config), compiled_settings(device_type, tokens, gemm_template=gemm_template):
         yield
 
 

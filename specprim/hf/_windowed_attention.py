@@ -43,6 +43,12 @@ def windowed_sdpa_forward(
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
 
 
+def attends_windowed(config: PretrainedConfig) -> bool:
+    """Whether the model whose attention modules read ``config`` attends windowed inside
+    :func:`windowed_attention` ``(config)`` (what that context yields), without entering it."""
+    return config._attn_implementation in ("sdpa", WINDOWED_SDPA)
+
+
 @contextlib.contextmanager
 def windowed_attention(config: PretrainedConfig) -> Iterator[bool]:
     """Run the model whose attention modules read ``config`` on :func:`windowed_sdpa_forward` inside the context

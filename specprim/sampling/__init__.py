@@ -1,5 +1,6 @@
-"""Sampling transforms (temperature, top-k, top-p) shared by target and draft, and ``sample`` (one token per row)."""
+"""Sampling transforms (temperature, top-k, top-p) shared by target and draft, ``sample`` (one token per row) and
+``argmax`` (the first maximal index of every row)."""
 
-from specprim.sampling._impl import SamplingConfig, sample
+from specprim.sampling._impl import SamplingConfig, argmax, sample
 
-__all__ = ["SamplingConfig", "sample"]
+__all__ = ["SamplingConfig", "argmax", "sample"]
