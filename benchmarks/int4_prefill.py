@@ -7,6 +7,7 @@ SmolLM2-135M-Instruct with int4 weights (bf16, LM head packed) twice, builds a `
 ``start`` on the first MT-bench questions' chat prompts, alternating between the two (median of 5 rounds).
 
     python benchmarks/int4_prefill.py [--num-prompts 10]
+    python benchmarks/int4_prefill.py --weights bf16  # packed bf16 weights, chunks of PREFILL_CHUNK as well
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from specprim import DraftTree, models
 from specprim.bench._datasets import load_dataset
 from specprim.bench._prompts import conversation_ids
 from specprim.hf import StaticTarget
+from specprim.hf._static_target import PREFILL_CHUNK
 
 
 def start_ms(verifier: StaticTarget, ids: torch.Tensor) -> float:
@@ -33,14 +35,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--num-prompts", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--weights", choices=["int4", "bf16"], default="int4",
+                        help="int4 (LM head packed bf16) or packed bf16 weights")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    target, tokenizer = models.load("smollm2-135m-instruct", dtype=torch.bfloat16, quantize="int4", pack=True)
+    weights = {"quantize": "int4"} if args.weights == "int4" else {}
+    target, tokenizer = models.load("smollm2-135m-instruct", dtype=torch.bfloat16, pack=True, **weights)
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset("mt-bench")[: args.num_prompts]]
     cache = max(p.shape[1] for p in prompts) + 64
     eager = StaticTarget(target, min_cache_length=cache, prefill_chunk=0)
-    chunked = StaticTarget(models.load("smollm2-135m-instruct", dtype=torch.bfloat16, quantize="int4", pack=True)[0],
-                           min_cache_length=cache)
+    chunked = StaticTarget(models.load("smollm2-135m-instruct", dtype=torch.bfloat16, pack=True, **weights)[0],
+                           min_cache_length=cache, prefill_chunk=PREFILL_CHUNK)
     empty = DraftTree(tokens=torch.zeros(1, 0, dtype=torch.long), parents=torch.zeros(0, dtype=torch.long))
     for ids in prompts:  # compiles the chunk's graph and the one-token verification
         scores = []
@@ -56,7 +61,8 @@ def main() -> None:
             times[name].append(sum(start_ms(verifier, ids) for ids in prompts) / len(prompts))
     tokens = statistics.mean(p.shape[1] - 1 for p in prompts)
     eager_ms, chunked_ms = statistics.median(times["eager"]), statistics.median(times["chunked"])
-    print(f"smollm2-135m-instruct int4, 2 threads, {len(prompts)} prompts of {tokens:.0f} tokens on average: prefill "
+    print(f"smollm2-135m-instruct {args.weights}, 2 threads, {len(prompts)} prompts of {tokens:.0f} tokens on average: "
+          "prefill "
           f"{eager_ms:.1f} ms eager, {chunked_ms:.1f} ms in compiled chunks of {chunked.prefill_chunk} "
           f"({chunked_ms / eager_ms:.2f}x)")
 

@@ -325,12 +325,14 @@ def test_a_chunked_prefill_computes_the_eager_prefill(chunk):
         assert torch.equal(out.sequences, hf_greedy(target, PROMPT, 32))
 
 
-def test_int4_targets_prefill_in_chunks_when_compiled():
+def test_compiled_int4_and_bf16_targets_prefill_in_chunks():
     int4 = quantize_weights(tiny_causal_lm("llama"), "int4")
     assert StaticTarget(int4).prefill_chunk == _static_target.PREFILL_CHUNK
     assert StaticTarget(int4, compile=False).prefill_chunk == 0
     assert StaticTarget(int4, prefill_chunk=0).prefill_chunk == 0
-    assert StaticTarget(tiny_causal_lm("llama")).prefill_chunk == 0
+    assert StaticTarget(tiny_causal_lm("llama")).prefill_chunk == 0  # float32
+    assert StaticTarget(tiny_causal_lm("llama").to(torch.bfloat16)).prefill_chunk == _static_target.PREFILL_CHUNK
+    assert StaticTarget(tiny_causal_lm("llama").to(torch.bfloat16), compile=False).prefill_chunk == 0
     for bad in (-1, 2.5, True, "64"):
         with pytest.raises(ValueError, match="prefill_chunk"):
             StaticTarget(int4, prefill_chunk=bad)

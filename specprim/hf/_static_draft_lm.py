@@ -50,7 +50,7 @@ class StaticLMDraftModel(LMDraftModel):
         ids = self._start(request)  # (T,)
         shared = self._shared_prefix(ids) if self.runner.cache is not None else 0
         if shared == 0 or len(ids) - shared > CATCH_UP_LIMIT:
-            self.runner.start(self._known(ids)[None])  # prefills ids[:-1] eagerly
+            self.runner.start(self._known(ids)[None])  # prefills ids[:-1]
             shared = len(ids) - 1
         self.runner.past_length = shared
         allowed = self._catch_up_attention(shared, len(ids))  # (T - shared, T)

@@ -118,8 +118,9 @@ class StaticTarget(ModelRunner):
     prompts. The prefill runs eagerly, in one forward over the prompt (``prefill_chunk=0``), or, with
     ``prefill_chunk=n``, through the same (compiled) forward in chunks of ``n`` tokens, the last one padded, so one
     more graph serves every prompt length. By default (``None``) a compiled target with int4 weights
-    (:class:`specprim.models.Int4Linear`) prefills in chunks of :data:`PREFILL_CHUNK`, since their eager kernel is
-    slow for many rows (``benchmarks/int4_prefill.py``), and every other target prefills eagerly. A model with packed
+    (:class:`specprim.models.Int4Linear`) or in bfloat16 prefills in chunks of :data:`PREFILL_CHUNK` (the eager int4
+    kernel is slow for many rows; packed bf16 SmolLM2 prefills 0.73x as long: ``benchmarks/int4_prefill.py
+    [--weights bf16]``), and every other target prefills eagerly. A model with packed
     weights (:func:`specprim.models.pack_weights`) keeps them for the eager prefill, and the compiled forward lets
     freezing pack the weights its own way. Keep one ``StaticTarget`` per model for a whole run, and give it
     ``min_cache_length`` >= the longest prompt plus its budget (plus ``prefill_chunk``): a cache that grows mid-run
@@ -151,7 +152,7 @@ class StaticTarget(ModelRunner):
         # int4: the template at every size in bfloat16 (its int4 kernel's only dtype here), never in others
         self._gemm_template = (self.dtype == torch.bfloat16) if int4 else None
         if prefill_chunk is None:
-            prefill_chunk = PREFILL_CHUNK if compile and int4 else 0
+            prefill_chunk = PREFILL_CHUNK if compile and (int4 or self.dtype == torch.bfloat16) else 0
         self.prefill_chunk = prefill_chunk  # 0: one eager forward
         self.head = model.get_output_embeddings() if head is None else head  # (..., H) -> (..., V) logits
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (padded size, feature layers) verified so far
