@@ -273,3 +273,27 @@ def _tree(batch: int = 2, vocab: int = 4) -> DraftTree:
 def test_invalid_inputs_raise(rule: AcceptanceRule, p: torch.Tensor, tree: DraftTree, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         rule(p, tree)
+
+
+@settings(max_examples=60, deadline=None)
+@given(parents=trees(max_nodes=8))
+def test_tree_tables_are_built_once_per_shape_and_hold_each_node_s_path(parents):
+    """Rules share the tables of a shape: a second tree of the same shape (other tokens) gets the same object, a tree
+    of another shape its own; the tables agree with each node's path walked up its parents."""
+    tree = DraftTree(tokens=torch.zeros(1, len(parents), dtype=torch.long), parents=torch.tensor(parents).long())
+    tables = TreeTables.of(tree, torch.device("cpu"))
+    assert TreeTables.of(DraftTree(tokens=tree.tokens + 1, parents=tree.parents.clone()), "cpu") is tables
+    for node in range(len(parents)):
+        path = [node]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        path.reverse()  # from depth 1 down to the node
+        assert tables.ancestors[node].nonzero().flatten().tolist() == sorted(path)
+        assert tables.paths[node + 1].tolist() == path + [-1] * (tables.paths.shape[1] - len(path))
+        assert int(tables.depth[node + 1]) == len(path) and int(tables.parent_row[node]) == parents[node] + 1
+    for row in range(len(parents) + 1):
+        kids = [node for node, parent in enumerate(parents) if parent == row - 1]
+        assert tables.children[row].tolist() == kids + [-1] * (tables.children.shape[1] - len(kids))
+    if parents:
+        shorter = DraftTree(tokens=tree.tokens[:, :-1], parents=tree.parents[:-1])
+        assert TreeTables.of(shorter, "cpu") is not tables

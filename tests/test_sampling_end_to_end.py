@@ -11,7 +11,7 @@ from _tiny import tiny_causal_lm
 
 from specprim.acceptance import SpeculativeSampling
 from specprim.drafters import DraftRequest, ModelDrafter
-from specprim.sampling import SamplingConfig
+from specprim.sampling import SamplingConfig, argmax
 from specprim.testing import two_token_chi_square
 from specprim.trees import Chain, DynamicTree, StaticTree
 
@@ -73,3 +73,14 @@ def test_the_trees_really_use_their_schemes():
 
 def test_check_rejects_a_dishonest_drafter():
     assert chi_square_p_value(DishonestDrafter(DRAFT, Chain(2)), SamplingConfig(temperature=1.0)) < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_argmax_is_torch_argmax_with_ties_infinities_and_nan(dtype):
+    """``sampling.argmax`` (through ``torch.max``) picks what ``torch.argmax`` picks: the first maximal index, NaN
+    counting as maximal, on rows full of ties; and greedy ``probs`` is its one-hot."""
+    rows = torch.randint(0, 3, (64, 7, 50), generator=torch.Generator().manual_seed(0)).to(dtype)  # many ties
+    rows[0, 0, 3], rows[0, 1, 5:7] = float("nan"), float("inf")
+    rows[0, 2] = float("-inf")
+    assert torch.equal(argmax(rows), rows.argmax(-1))
+    assert torch.equal(SamplingConfig().probs(rows), torch.nn.functional.one_hot(rows.argmax(-1), 50).float())
