@@ -388,6 +388,28 @@ def test_dynamic_tree_keeps_ancestors_on_ties():
     assert tree.parent_list == [-1, 0, 1] and tree.tokens.tolist() == [[1, 2, 3]]
 
 
+class FixedRootModel:
+    """A draft model whose root children have the given logits; it is never extended."""
+
+    def __init__(self, logits: list[float]):
+        self.logits = torch.tensor([logits])
+
+    def begin(self, request):
+        return self.logits
+
+    def extend(self, parents, tokens):  # pragma: no cover - depth 1 only
+        raise AssertionError("depth-1 trees never extend")
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingConfig(temperature=1.0)])
+def test_dynamic_tree_top_one_is_the_first_maximal_child(sampling):
+    """``top_k == 1`` takes the best child with ``max`` rather than ``topk``: the first of tied maxima, as
+    :func:`specprim.sampling.argmax` (its log-probability is checked against the reference in the test above)."""
+    logits = [0.0, 2.5, 2.5, 1.0, float("-inf")]
+    tree = DynamicTree(depth=1, top_k=1, budget=1).build(FixedRootModel(logits), request([1], 5, 4, sampling))
+    assert tree.tokens.tolist() == [[1]] and tree.parent_list == [-1]
+
+
 def test_dynamic_tree_needs_batch_one():
     with pytest.raises(ValueError, match="batch size 1"):
         DynamicTree(depth=2, top_k=2, budget=3).build(TableDraftModel(5), request([[1], [2]], 5, 3))

@@ -57,7 +57,7 @@ class DynamicTree:
         pool = _Candidates()
         root_logits = model.begin(request)  # (1, V)
         device = root_logits.device
-        frontier = pool.add(_log_probs(root_logits, request.sampling), parents=[-1], depth=1, top_k=self.top_k)
+        frontier = pool.add(*_top_children(root_logits, request.sampling, self.top_k), parents=[-1], depth=1)
         scratch_of: dict[int, int] = {-1: -1}  # candidate id -> scratch id, for extended candidates
         for depth in range(2, max_depth + 1):
             best_first = sorted(frontier, key=lambda c: -pool.value[c])[: self.top_k]  # stable: earlier on ties
@@ -69,15 +69,24 @@ class DynamicTree:
                 scratch_of[c] = len(scratch_of) - 1
             tokens = torch.tensor([[pool.token[c] for c in grow]], dtype=torch.long, device=device)  # (1, P)
             logits = model.extend(scratch_parents, tokens)  # (1, P, V)
-            frontier = pool.add(_log_probs(logits, request.sampling), parents=grow, depth=depth, top_k=self.top_k)
+            frontier = pool.add(*_top_children(logits, request.sampling, self.top_k), parents=grow, depth=depth)
         return pool.best(self.budget, device)
 
 
-def _log_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-    """(..., V) logits -> (..., V) float32 draft log-probabilities, ``<= 0``, ``-inf`` for impossible tokens."""
-    if sampling.is_greedy:
-        return logits.float().log_softmax(-1).clamp(max=0.0)
-    return sampling.probs(logits).log().clamp(max=0.0)
+def _top_children(
+    logits: torch.Tensor, sampling: SamplingConfig, top_k: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(P, V) (or (1, P, V)) draft logits -> the ``top_k`` most likely children of each of the ``P`` parents: their
+    float32 draft log-probabilities (P, k), ``<= 0`` and ``-inf`` for impossible tokens, and their tokens (P, k).
+
+    Log-probabilities are log-softmax of the logits when greedy, the log of ``sampling.probs`` otherwise (taken
+    after the top ``k``, as the log is monotone). With ``top_k == 1`` the best child is found with ``max``, which
+    runs ~3x faster than a ``topk`` of one over a large vocabulary on CPU."""
+    logits = logits.reshape(-1, logits.shape[-1]).cpu()  # (P, V)
+    k = min(top_k, logits.shape[-1])
+    scores = logits.float().log_softmax(-1) if sampling.is_greedy else sampling.probs(logits)  # (P, V)
+    best, tokens = scores.max(-1, keepdim=True) if k == 1 else scores.topk(k, dim=-1)  # (P, k) each
+    return (best if sampling.is_greedy else best.log()).clamp(max=0.0), tokens
 
 
 class _Candidates:
@@ -90,14 +99,12 @@ class _Candidates:
         self.value: list[float] = []  # cumulative log-probability, summed in float32
         self.depth: list[int] = []
 
-    def add(self, log_probs: torch.Tensor, *, parents: list[int], depth: int, top_k: int) -> list[int]:
-        """Add the ``top_k`` children of each of ``P`` parents of depth ``depth - 1``; return the new candidate ids.
+    def add(self, child_lp: torch.Tensor, tokens: torch.Tensor, *, parents: list[int], depth: int) -> list[int]:
+        """Add ``k`` children of each of ``P`` parents of depth ``depth - 1``; return the new candidate ids.
 
-        ``log_probs`` (P, V) is each parent's children's log-probabilities, ``parents`` their candidate ids (``-1``
-        for the root).
+        ``child_lp`` (P, k) is the children's draft log-probabilities, ``tokens`` (P, k) their tokens, ``parents``
+        the parents' candidate ids (``-1`` for the root).
         """
-        log_probs = log_probs.reshape(len(parents), -1).cpu()  # (P, V)
-        child_lp, tokens = log_probs.topk(min(top_k, log_probs.shape[-1]), dim=-1)  # (P, k) each
         parent_values = torch.tensor([0.0 if p == -1 else self.value[p] for p in parents])  # (P,) float32
         values = parent_values[:, None] + child_lp  # (P, k)
         start = len(self.token)

@@ -1,0 +1,67 @@
+"""Per-step operations over one vocabulary-wide row, timed against the plainer way to write them.
+
+A step of the greedy union reads a few (1, V) float32 rows: the target's argmax for acceptance, and the head's best
+child for the draft tree. On CPU, ``torch.argmax`` and a ``topk`` of one run several times slower than ``max``,
+which returns the same first maximal index; this script times each pair side by side (median of ``--rounds``
+rounds of ``--calls`` calls each) so that the choice in ``specprim.sampling.argmax`` and ``DynamicTree`` can be
+rechecked on other machines.
+
+    python benchmarks/host_ops.py [--vocab 49152] [--rows 1 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from specprim.sampling import SamplingConfig, argmax
+from specprim.trees._dynamic import _top_children
+
+
+def _median_us(fn: Callable[[], object], calls: int, rounds: int) -> float:
+    for _ in range(calls):
+        fn()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocab", type=int, default=49152, help="row width (SmolLM2: 49152)")
+    parser.add_argument("--draft-vocab", type=int, default=8192, help="finite entries per row, the rest -inf")
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=7)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    greedy = SamplingConfig()
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vocab {args.vocab}")
+    print("| operation | rows | plain us | specprim us | ratio |")
+    print("|---|---|---|---|---|")
+    for rows in args.rows:
+        logits = torch.randn(rows, args.vocab)  # (P, V)
+        logits[:, args.draft_vocab :] = float("-inf")  # the head's logits outside its draft vocabulary
+        pairs = {
+            "argmax": (lambda: torch.argmax(logits, -1), lambda: argmax(logits)),
+            "best child (log-softmax, top 1)": (
+                lambda: logits.log_softmax(-1).clamp(max=0.0).topk(1, dim=-1),
+                lambda: _top_children(logits, greedy, 1),
+            ),
+        }
+        for name, (plain, ours) in pairs.items():
+            before = _median_us(plain, args.calls, args.rounds)
+            after = _median_us(ours, args.calls, args.rounds)
+            print(f"| {name} | {rows} | {before:.1f} | {after:.1f} | {after / before:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
