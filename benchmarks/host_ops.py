@@ -34,6 +34,17 @@ def _median_us(fn: Callable[[], object], calls: int, rounds: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def _pairs(logits: torch.Tensor, greedy: SamplingConfig) -> dict[str, tuple[Callable[[], object], ...]]:
+    """Each operation on (P, V) ``logits``, as (plain torch, specprim)."""
+    return {
+        "argmax": (lambda: torch.argmax(logits, -1), lambda: argmax(logits)),
+        "best child (log-softmax, top 1)": (
+            lambda: logits.log_softmax(-1).clamp(max=0.0).topk(1, dim=-1),
+            lambda: _top_children(logits, greedy, 1),
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--vocab", type=int, default=49152, help="row width (SmolLM2: 49152)")
@@ -50,14 +61,7 @@ def main() -> None:
     for rows in args.rows:
         logits = torch.randn(rows, args.vocab)  # (P, V)
         logits[:, args.draft_vocab :] = float("-inf")  # the head's logits outside its draft vocabulary
-        pairs = {
-            "argmax": (lambda: torch.argmax(logits, -1), lambda: argmax(logits)),
-            "best child (log-softmax, top 1)": (
-                lambda: logits.log_softmax(-1).clamp(max=0.0).topk(1, dim=-1),
-                lambda: _top_children(logits, greedy, 1),
-            ),
-        }
-        for name, (plain, ours) in pairs.items():
+        for name, (plain, ours) in _pairs(logits, greedy).items():
             before = _median_us(plain, args.calls, args.rounds)
             after = _median_us(ours, args.calls, args.rounds)
             print(f"| {name} | {rows} | {before:.1f} | {after:.1f} | {after / before:.2f}x |")
