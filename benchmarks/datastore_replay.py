@@ -4,15 +4,19 @@ The target's greedy answers to the first turns are recorded once (fp32, 128 toke
 against them (``specprim.bench.replay``: accepted lengths equal a live greedy run's), so tau is exact and costs no
 target forward. Rows: the head's tuned tree, prompt lookup and the datastores alone, and their unions cut to 7 nodes
 (what an 8-token static verification bucket holds). ``--shapes`` replays other union shapes with the last datastore:
-2 or 4 head siblings, 3-token lookups, and a cut to 3 nodes (the 4-token bucket):
+2 or 4 head siblings, 3-token lookups, and a cut to 3 nodes (the 4-token bucket). ``--orders`` replays the README's
+3-node union (head top-1, 3-token lookup, datastore 3 deep) with its three parts in every order: the cut keeps the
+first 3 nodes in merge order, so the order decides whose nodes are verified:
 
     python benchmarks/datastore_replay.py [--num-prompts 10] [--datastore smollm2-135m-instruct-answers ...] [--shapes]
+        [--orders]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 
 import torch
 
@@ -33,6 +37,7 @@ def main() -> None:
     parser.add_argument("--datastore", action="append",
                         help="repeatable (default: the shipped answers, ShareGPT, and both joined)")
     parser.add_argument("--shapes", action="store_true", help="also replay other union shapes (see above)")
+    parser.add_argument("--orders", action="store_true", help="also replay the 3-node union's parts in every order")
     args = parser.parse_args()
     torch.set_num_threads(2)
     target, tokenizer = load(TARGET)
@@ -61,6 +66,13 @@ def main() -> None:
                      UnionDrafter(_eagle(head, 1), presets.prompt_lookup(num_tokens=2, max_matches=1).drafter,
                                   DatastoreLookup(datastore=retrieval.datastore, num_tokens=2, num_nodes=2),
                                   max_nodes=3)))
+    if args.orders:
+        parts = {"eagle3 top-1": lambda: _eagle(head, 1),
+                 "prompt lookup 3": lambda: presets.prompt_lookup(num_tokens=3, max_matches=1).drafter,
+                 f"datastore {label} (3 deep)": lambda: DatastoreLookup(datastore=retrieval.datastore, num_tokens=3)}
+        for order in itertools.permutations(parts):
+            union = UnionDrafter(*(parts[name]() for name in order), max_nodes=3)
+            rows.append((" + ".join(order) + ", 3 nodes", union))
     print(f"{TARGET}, MT-bench first turns ({len(prompts)}), {args.max_new_tokens} tokens, greedy replay\n")
     print("| drafter | tau | nodes per step | draft ms per step |\n|---|---|---|---|")
     for label, drafter in rows:
