@@ -16,6 +16,7 @@ from specprim.drafters import Datastore, static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible
 from specprim.hf._static_target import QUERY_BUCKETS
 from specprim.speedup._cli import add_tune_parser
+from specprim.train._campaign_cli import add_campaign_parser
 from specprim.train._cli import add_train_parser
 from specprim.trees._spec import SPEC_HELP
 
@@ -181,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     store.set_defaults(func=datastore_command)
     add_bench_parser(commands)
     add_train_parser(commands)
+    add_campaign_parser(commands)
     add_tune_parser(commands)
     return parser
 

@@ -1,0 +1,159 @@
+"""``specprim campaign run | status``: the command-line front of :mod:`specprim.train._campaign`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+import torch
+
+__all__ = ["add_campaign_parser"]
+
+# option -> (part of the campaign, field, parser of the value)
+_OPTIONS = {
+    "target": (None, "target", str),
+    "distill_dtype": (None, "distill_dtype", str),
+    "feature_dtype": (None, "feature_dtype", str),
+    "data": ("data", "source", str),
+    "skip_first": ("data", "skip_first", int),
+    "exclude_benchmarks": ("data", "exclude_benchmarks", lambda v: tuple(x for x in v.split(",") if x)),
+    "max_prompt_chars": ("data", "max_prompt_chars", int),
+    "max_turns": ("data", "max_turns", int),
+    "holdout": ("data", "holdout", int),
+    "shard_sizes": ("data", "shard_sizes", lambda v: tuple(int(x) for x in v.split(","))),
+    "temperatures": ("data", "temperatures", lambda v: tuple(float(x) for x in v.split(","))),
+    "passes": ("data", "passes", int),
+    "max_new_tokens": ("data", "max_new_tokens", int),
+    "max_prompt_tokens": ("data", "max_prompt_tokens", int),
+    "distill_batch_size": ("data", "batch_size", int),
+    "max_length": ("data", "max_length", int),
+    "top_k": ("data", "top_k", int),
+    "data_seed": ("data", "seed", int),
+    "init_from": ("head", "init_from", str),
+    "draft_vocab_size": ("head", "draft_vocab_size", int),
+    "steps": ("head", "steps", int),
+    "loss_on": ("head", "loss_on", str),
+    "lr": ("head", "lr", float),
+    "warmup_steps": ("head", "warmup_steps", int),
+    "batch_tokens": ("head", "batch_tokens", int),
+    "mixed_precision": ("head", "mixed_precision", str),
+    "train_ratio": ("head", "train_ratio", float),
+    "segment_steps": ("head", "segment_steps", int),
+    "checkpoint_every": ("head", "checkpoint_every", int),
+    "log_every": ("head", "log_every", int),
+    "milestones": ("head", "milestones", lambda v: tuple(int(float(x)) for x in v.split(","))),
+    "max_train_tokens": ("head", "max_train_tokens", lambda v: int(float(v))),
+    "seed": ("head", "seed", int),
+}
+
+
+def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``campaign`` sub-command (``run``, ``status``) to ``specprim``'s sub-parsers and return its parser."""
+    parser = commands.add_parser(
+        "campaign", help="a resumable, many-hour training campaign for an EAGLE-3 head (growing self-distilled data)",
+        description="Self-distillation in shards -> target features per shard -> training over every shard so far, "
+                    "with held-out evaluations and head snapshots at token milestones. Rerun `run` to resume. "
+                    "See docs/train.md.",
+    )
+    actions = parser.add_subparsers(dest="campaign_command", required=True)
+    run = actions.add_parser("run", help="start or resume a campaign",
+                             description="Start a campaign in RUN_DIR, or resume the one there (its settings are "
+                                         "read from RUN_DIR/campaign.json; options that differ are refused).")
+    run.add_argument("run_dir")
+    run.add_argument("--target", help="target model: a known name, a local path or a hub id "
+                                      "(default smollm2-135m-instruct)")
+    run.add_argument("--distill-dtype", choices=("float32", "bfloat16"))
+    run.add_argument("--feature-dtype", choices=("float32", "bfloat16"))
+    data = run.add_argument_group("data plan")
+    data.add_argument("--data", help="'sharegpt' (default) or a JSONL file of conversations")
+    data.add_argument("--skip-first", help="source items never used (default 200)")
+    data.add_argument("--exclude-benchmarks", help="comma-separated benchmark datasets whose questions are left out "
+                                                   "(default mt-bench,humaneval,gsm; '' for none)")
+    data.add_argument("--max-prompt-chars")
+    data.add_argument("--max-turns", help="assistant turns answered per conversation (default 3)")
+    data.add_argument("--holdout", help="held-out conversations (default 64)")
+    data.add_argument("--shard-sizes", help="conversations per shard, comma-separated; the last repeats "
+                                            "(default 256,1024,2048)")
+    data.add_argument("--temperatures", help="answer temperatures, cycled over shards (default 0,1)")
+    data.add_argument("--passes", help="passes over the conversations (default 2)")
+    data.add_argument("--max-new-tokens")
+    data.add_argument("--max-prompt-tokens")
+    data.add_argument("--distill-batch-size")
+    data.add_argument("--max-length", help="tokens per rendered conversation (default 1024)")
+    data.add_argument("--top-k")
+    data.add_argument("--data-seed")
+    head = run.add_argument_group("head")
+    head.add_argument("--init-from", help="continue this saved head (a directory or a shipped head's name)")
+    head.add_argument("--draft-vocab-size")
+    head.add_argument("--steps", help="training-time test depths (default 3)")
+    head.add_argument("--loss-on", choices=("all", "assistant"))
+    head.add_argument("--lr")
+    head.add_argument("--warmup-steps")
+    head.add_argument("--batch-tokens")
+    head.add_argument("--mixed-precision", choices=("no", "bf16"))
+    head.add_argument("--train-ratio", help="tokens trained per cached token (default 2)")
+    head.add_argument("--segment-steps", help="most steps between held-out evaluations (default 100)")
+    head.add_argument("--checkpoint-every")
+    head.add_argument("--log-every")
+    head.add_argument("--milestones", help="trained-token counts of head snapshots, comma-separated "
+                                           "(default 5e5,1e6,2e6,5e6,1e7)")
+    head.add_argument("--max-train-tokens", help="end after this many trained tokens (default: the last milestone)")
+    head.add_argument("--seed")
+    budget = run.add_argument_group("this run only")
+    budget.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    budget.add_argument("--max-seconds", type=float, help="stop before the next unit of work after this long")
+    budget.add_argument("--max-items", type=int, help="stop after this many units of work (batches, shards, "
+                                                      "segments)")
+    run.set_defaults(func=run_command)
+    status = actions.add_parser("status", help="tokens generated / cached / trained, held-out accuracy, ETA")
+    status.add_argument("run_dir")
+    status.set_defaults(func=status_command)
+    return parser
+
+
+def campaign_from_args(args: argparse.Namespace):
+    """The campaign in ``args.run_dir`` (or the defaults) with the options given on the command line applied."""
+    from specprim.train._campaign import CONFIG_NAME, Campaign, CampaignData, CampaignHead, load_campaign
+
+    given = {name: getattr(args, name) for name in _OPTIONS if getattr(args, name, None) is not None}
+    try:
+        values = {name: _OPTIONS[name][2](value) for name, value in given.items()}
+    except ValueError as error:
+        raise ValueError(f"cannot read an option value: {error}") from error
+    base = load_campaign(args.run_dir) if (Path(args.run_dir) / CONFIG_NAME).is_file() else None
+    top = {field: value for name, value in values.items() for part, field, _ in [_OPTIONS[name]] if part is None}
+    parts = {part: {field: value for name, value in values.items() for p, field, _ in [_OPTIONS[name]] if p == part}
+             for part in ("data", "head")}
+    if base is None:
+        return Campaign(target=top.pop("target", "smollm2-135m-instruct"), run_dir=args.run_dir, **top,
+                        data=CampaignData(**parts["data"]), head=CampaignHead(**parts["head"]))
+    return dataclasses.replace(base, **top, data=dataclasses.replace(base.data, **parts["data"]),
+                               head=dataclasses.replace(base.head, **parts["head"]))
+
+
+def run_command(args: argparse.Namespace) -> int:
+    from specprim.train._campaign import format_status, run_campaign
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        campaign = campaign_from_args(args)
+        status = run_campaign(campaign, max_seconds=args.max_seconds, max_items=args.max_items,
+                              log=lambda line: print(line, flush=True))
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"specprim campaign run: {error}") from error
+    print(format_status(status))
+    sys.stdout.flush()
+    return 0
+
+
+def status_command(args: argparse.Namespace) -> int:
+    from specprim.train._campaign import campaign_status, format_status
+
+    try:
+        print(format_status(campaign_status(args.run_dir)))
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"specprim campaign status: {error}") from error
+    return 0

@@ -1,0 +1,262 @@
+"""specprim.train._campaign: a tiny campaign end to end, exact resumption after kills and budget stops, status,
+the data order (skipped items, benchmark questions, held-out tail), bad inputs."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from _tiny import tiny_causal_lm
+from safetensors.torch import load_file
+from test_bench import word_tokenizer
+
+from specprim import cli
+from specprim.bench._prompts import Prompt
+from specprim.drafters import EagleHead
+from specprim.train import _distill, _features
+from specprim.train._campaign import (
+    Campaign,
+    CampaignData,
+    CampaignHead,
+    campaign_status,
+    format_status,
+    plan_order,
+    plan_shards,
+    run_campaign,
+    trim_conversation,
+)
+from specprim.train._objective import EagleObjective
+
+CHATS = 26
+
+
+def _conversation(generator, turns):
+    out = []
+    for _ in range(turns):
+        words = [f"w{int(i)}" for i in torch.randint(4, 97, (7,), generator=generator)]
+        out += [{"role": "user", "content": " ".join(words[:3])}, {"role": "assistant", "content": " ".join(words[3:])}]
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Llama target with a word-level chat tokenizer saved to a directory, and a JSONL of conversations with
+    1 to 3 turns."""
+    root = tmp_path_factory.mktemp("campaign")
+    target = tiny_causal_lm("llama")
+    tokenizer = word_tokenizer()
+    tokenizer.chat_template = ("{% for m in messages %}w2 {{ m['content'] }} w3 {% endfor %}"
+                               "{% if add_generation_prompt %}w2 {% endif %}")
+    target.save_pretrained(root / "model")
+    tokenizer.save_pretrained(root / "model")
+    generator = torch.Generator().manual_seed(0)
+    with open(root / "chats.jsonl", "w") as f:
+        for i in range(CHATS):
+            f.write(json.dumps(_conversation(generator, 1 + i % 3)) + "\n")
+    return root
+
+
+def _campaign(tiny, run_dir, **head):
+    return Campaign(
+        target=str(tiny / "model"), run_dir=str(run_dir), distill_dtype="float32", feature_dtype="float32",
+        data=CampaignData(source=str(tiny / "chats.jsonl"), skip_first=2, exclude_benchmarks=(), holdout=3,
+                          shard_sizes=(4, 6), max_turns=2, max_new_tokens=5, batch_size=2, max_length=40),
+        head=CampaignHead(**{"draft_vocab_size": 48, "batch_tokens": 96, "segment_steps": 3, "checkpoint_every": 2,
+                             "log_every": 1, "lr": 3e-3, "warmup_steps": 2, "milestones": (200, 500),
+                             "max_train_tokens": 700, "mixed_precision": "no", **head}),
+    )
+
+
+def _quiet(line):
+    pass
+
+
+@pytest.fixture(scope="module")
+def whole(tiny):
+    """An uninterrupted run of the tiny campaign."""
+    campaign = _campaign(tiny, tiny / "whole")
+    status = run_campaign(campaign, log=_quiet)
+    return campaign, status
+
+
+# Files that depend on timing, or that only the trainer appends to (a resumed trainer repeats the lines after its
+# last checkpoint); everything else must be identical after any interruption.
+VOLATILE = {"rates.json", "progress.json", "train/log.jsonl"}
+
+
+def _files(run_dir):
+    out = {}
+    for path in sorted(p for p in run_dir.rglob("*") if p.is_file()):
+        name = str(path.relative_to(run_dir))
+        if name in VOLATILE or name == "campaign.json":
+            continue
+        if path.suffix == ".safetensors":
+            out[name] = {k: v.tolist() for k, v in load_file(str(path)).items()}
+        elif name.endswith("trainer_state.json"):
+            out[name] = {k: v for k, v in json.loads(path.read_text()).items() if k != "seconds"}
+        else:
+            out[name] = path.read_bytes()
+    return out
+
+
+def test_a_campaign_runs_to_the_end_and_reports_its_status(tiny, whole, capsys):
+    campaign, status = whole
+    run = tiny / "whole"
+    order = json.loads((run / "order.json").read_text())
+    assert min(order["train"] + order["holdout"]) >= 2  # skip_first
+    assert order["holdout"] == [CHATS - 3, CHATS - 2, CHATS - 1]  # the tail is held out, never trained on
+    assert not set(order["train"]) & set(order["holdout"])
+    # shards of 4, 6, 6, ... conversations alternating greedy and sampled answers; the second pass answers each
+    # conversation at the other temperature
+    holdout, plan = plan_shards(order, campaign.data)
+    per_pass = len(plan) // 2
+    assert [len(s.items) for s in plan[:per_pass]] == [4, 6, 6][:per_pass - 1] + [len(plan[per_pass - 1].items)]
+    assert [s.temperature for s in plan[:3]] == [0.0, 1.0, 0.0] and holdout.temperature == 0.0
+    assert [s.items for s in plan[per_pass:]] == [s.items for s in plan[:per_pass]]
+    assert [s.temperature for s in plan[per_pass:per_pass + 3]] == [1.0, 0.0, 1.0]
+    shards = sorted(p.name for p in (run / "shards").iterdir() if p.name != "holdout")
+    meta = [json.loads((run / "shards" / name / "distilled.json").read_text()) for name in shards]
+    assert [m["temperature"] for m in meta] == [s.temperature for s in plan[: len(meta)]]
+    assert [m["conversations"] for m in meta[:2]] == [4, 6]
+    # first turns and continuations: every user turn (up to max_turns) is answered by the target
+    source = [json.loads(line) for line in (tiny / "chats.jsonl").read_text().splitlines()]
+    first = [json.loads(line) for line in (run / "shards" / shards[0] / "distilled.jsonl").read_text().splitlines()]
+    for index, conversation in zip(order["train"][:4], first, strict=True):
+        users = [m for m in source[index] if m["role"] == "user"][:2]
+        assert [m for m in conversation if m["role"] == "user"] == users
+        assert [m["role"] for m in conversation] == ["user", "assistant"] * len(users)
+    assert not (run / "shards" / shards[0] / ".distilled.jsonl.partial").exists()
+    # training reached the end, evaluated on the held-out shard, kept a head at each milestone
+    records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert records[0]["segment"] == 0 and records[0]["trained_tokens"] == 0  # the initial head
+    assert [r["segment"] for r in records] == list(range(len(records)))
+    assert all({"acc_1", "acc_2", "acc_3"} <= set(r) for r in records)
+    assert records[-1]["trained_tokens"] >= 700 and max(r["shards"] for r in records) >= 2
+    for label, milestone in (("200", 200), ("500", 500)):
+        snapshot = json.loads((run / "milestones" / label / "milestone.json").read_text())
+        assert snapshot["trained_tokens"] >= milestone
+        crossing = next(r for r in records if r["trained_tokens"] >= milestone)
+        assert snapshot["step"] == crossing["step"]  # taken at the first evaluation past the milestone
+        assert EagleHead.from_pretrained(run / "milestones" / label, tiny_causal_lm("llama")).config.version == 3
+    # status: counts read back from the run directory
+    assert campaign_status(run) == status
+    assert status.trained_tokens == records[-1]["trained_tokens"]
+    done = [name for name in shards if (run / "shards" / name / "cached.json").is_file()]
+    assert status.shards_cached == len(done)
+    assert status.cached_tokens == sum(json.loads((run / "shards" / n / "cached.json").read_text())["tokens"]
+                                       for n in done)
+    assert status.generated_tokens == sum(m["generated_tokens"] for m in meta[: status.shards_distilled])
+    assert status.generated_tokens > 0 and status.evaluation == records[-1] and status.baseline == records[0]
+    assert status.milestones_done == ("200", "500") and status.next_milestone is None
+    assert cli.main(["campaign", "status", str(run)]) == 0
+    text = capsys.readouterr().out
+    assert f"trained:    {status.trained_tokens:,} tokens" in text
+    assert f"generated:  {status.generated_tokens:,} tokens" in text
+    assert "milestones: 200, 500 done" in text and "held-out:   top-1 by depth" in text
+
+
+def test_a_killed_campaign_resumes_to_the_files_of_an_uninterrupted_run(tiny, whole, monkeypatch):
+    campaign = _campaign(tiny, tiny / "killed")
+
+    def crash_on_call(module, name, number):
+        real, calls = getattr(module, name), []
+
+        def crashing(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == number:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, crashing)
+        return lambda: monkeypatch.setattr(module, name, real)
+
+    # each rerun is killed again: in self-distillation, feature caching, training steps and evaluations
+    kills = [(_distill, "_rewrite", 4), (_features, "_shard_tensors", 2), (EagleObjective, "forward", 5),
+             (_distill, "_rewrite", 2), (EagleObjective, "forward", 3), (EagleObjective, "forward", 2)]
+    for module, name, number in kills:
+        restore = crash_on_call(module, name, number)
+        with pytest.raises(KeyboardInterrupt):
+            run_campaign(campaign, log=_quiet)
+        restore()
+        partial = list((tiny / "killed" / "shards").glob("*/.distilled.jsonl.partial"))
+        for path in partial:  # a kill in the middle of a line
+            with open(path, "a") as f:
+                f.write('[{"role": "user", "conte')
+    final = run_campaign(campaign, log=_quiet)
+    assert final.trained_tokens == whole[1].trained_tokens
+    expected, got = _files(tiny / "whole"), _files(tiny / "killed")
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name] == expected[name], name
+
+
+def test_budget_stops_resume_exactly_and_status_counts_grow(tiny, whole):
+    campaign = _campaign(tiny, tiny / "budget")
+    trained, runs = [], 0
+    while True:
+        status = run_campaign(campaign, max_items=4, log=_quiet)
+        runs += 1
+        trained.append(status.trained_tokens)
+        if status.trained_tokens >= campaign.head.train_tokens:
+            break
+        assert runs < 60
+    assert runs > 3 and trained == sorted(trained)
+    assert _files(tiny / "budget") == _files(tiny / "whole")
+    stopped = run_campaign(_campaign(tiny, tiny / "zero"), max_seconds=0, log=_quiet)
+    assert stopped.generated_tokens == 0 and stopped.trained_tokens == 0  # no unit of work started
+    assert "stopped" in format_status(stopped)
+
+
+def test_order_skips_the_first_items_benchmark_questions_and_long_prompts(monkeypatch):
+    data = CampaignData(skip_first=1, holdout=1, max_turns=2, max_prompt_chars=100, exclude_benchmarks=("mt-bench",))
+    question = "compose an engaging travel blog post about a recent trip to hawaii highlighting culture"
+
+    def chat(*users):
+        return [m for u in users for m in ({"role": "user", "content": u}, {"role": "assistant", "content": "ok"})]
+
+    conversations = [chat("skipped"), chat("fine"), chat(f"Please: {question}!"), chat("x" * 101), chat("a", "b", "c"),
+                     chat("d", "y" * 101), chat("e"), *[chat(f"near {i}") for i in range(10)], chat("tail")]
+    from specprim.bench import _datasets
+
+    monkeypatch.setattr(_datasets, "load_dataset", lambda name: [Prompt(id="0", turns=(question.title(),))])
+    from specprim.train._campaign import benchmark_shingles
+
+    order = plan_order(conversations, data, benchmark_shingles(data.exclude_benchmarks))
+    assert order["holdout"] == [17] and order["benchmark_overlaps"] == 1
+    # not 0 (skipped), 2 (a benchmark question), 3 (too long), 7-16 (the 10 items just before the held-out ones)
+    assert sorted(order["train"]) == [1, 4, 5, 6]
+    assert trim_conversation(conversations[4], data) == chat("a", "b")  # max_turns
+    assert trim_conversation(conversations[5], data) == chat("d")  # cut before the long turn
+    assert order == plan_order(conversations, data, benchmark_shingles(data.exclude_benchmarks))
+    assert plan_order(conversations, CampaignData(skip_first=1, holdout=1, seed=1, max_prompt_chars=100),
+                      set())["train"] != order["train"]
+
+
+def test_bad_inputs_give_a_one_line_error(tiny, capsys):
+    for make in (lambda: CampaignData(shard_sizes=()), lambda: CampaignData(holdout=0),
+                 lambda: CampaignData(temperatures=(0.0,), passes=2), lambda: CampaignHead(milestones=(2, 1)),
+                 lambda: CampaignHead(lr=0), lambda: Campaign(target="m", run_dir="r", distill_dtype="fp16"),
+                 lambda: Campaign(target="m", run_dir="r", head=CampaignHead(batch_tokens=16))):
+        with pytest.raises(ValueError) as error:
+            make()
+        assert "\n" not in str(error.value)
+    with pytest.raises(SystemExit, match=r"^specprim campaign status: no campaign in .*campaign.json missing"):
+        cli.main(["campaign", "status", str(tiny / "nowhere")])
+    with pytest.raises(SystemExit, match="shard_sizes must be"):
+        cli.main(["campaign", "run", str(tiny / "bad"), "--shard-sizes", "0"])
+    with pytest.raises(SystemExit, match="cannot read an option value"):
+        cli.main(["campaign", "run", str(tiny / "bad"), "--holdout", "many"])
+    run = tiny / "cli"
+    common = ["--target", str(tiny / "model"), "--data", str(tiny / "chats.jsonl"), "--skip-first", "2",
+              "--exclude-benchmarks", "", "--holdout", "3", "--shard-sizes", "4", "--max-turns", "1",
+              "--max-new-tokens", "3", "--distill-batch-size", "2", "--max-length", "40", "--batch-tokens", "96",
+              "--draft-vocab-size", "48", "--distill-dtype", "float32", "--feature-dtype", "float32",
+              "--mixed-precision", "no"]  # accelerate's state is global: the other tests' precision
+    assert cli.main(["campaign", "run", str(run), *common, "--max-items", "1"]) == 0
+    assert "generated:  " in capsys.readouterr().out
+    saved = json.loads((run / "campaign.json").read_text())
+    assert saved["data"]["shard_sizes"] == [4] and saved["head"]["draft_vocab_size"] == 48
+    assert cli.main(["campaign", "run", str(run), "--max-items", "1"]) == 0  # resumes with the saved settings
+    with pytest.raises(SystemExit, match=r"other settings \(lr: 0.0003 -> 0.001\)"):
+        cli.main(["campaign", "run", str(run), "--lr", "1e-3"])
+    shutil.rmtree(run)
