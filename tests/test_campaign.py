@@ -147,7 +147,7 @@ def test_a_campaign_runs_to_the_end_and_reports_its_status(tiny, whole, capsys):
                                        for n in done)
     assert status.generated_tokens == sum(m["generated_tokens"] for m in meta[: status.shards_distilled])
     assert status.generated_tokens > 0 and status.evaluation == records[-1] and status.baseline == records[0]
-    assert status.milestones_done == ("200", "500") and status.next_milestone is None
+    assert status.milestones_done == ("200", "500") and status.next_milestone is None and not status.data_exhausted
     assert cli.main(["campaign", "status", str(run)]) == 0
     text = capsys.readouterr().out
     assert f"trained:    {status.trained_tokens:,} tokens" in text
@@ -202,6 +202,10 @@ def test_budget_stops_resume_exactly_and_status_counts_grow(tiny, whole):
         assert runs < 60
     assert runs > 3 and trained == sorted(trained)
     assert _files(tiny / "budget") == _files(tiny / "whole")
+    short = run_campaign(_campaign(tiny, tiny / "short", milestones=(10**6,), max_train_tokens=None), log=_quiet)
+    assert short.data_exhausted and short.eta_seconds is None and short.shards_cached == short.shards_planned
+    assert short.trained_tokens >= 2 * short.cached_tokens  # every shard trained on
+    assert "never: the data plan runs out first" in format_status(short)
     stopped = run_campaign(_campaign(tiny, tiny / "zero"), max_seconds=0, log=_quiet)
     assert stopped.generated_tokens == 0 and stopped.trained_tokens == 0  # no unit of work started
     assert "stopped" in format_status(stopped)
@@ -260,3 +264,15 @@ def test_bad_inputs_give_a_one_line_error(tiny, capsys):
     with pytest.raises(SystemExit, match=r"other settings \(lr: 0.0003 -> 0.001\)"):
         cli.main(["campaign", "run", str(run), "--lr", "1e-3"])
     shutil.rmtree(run)
+
+
+def test_rates_are_recent_and_the_eta_counts_the_data_still_to_make():
+    from specprim.train._campaign import _eta, _rate
+
+    assert _rate({"tokens": 10, "seconds": 100.0, "recent": [[50, 1.0], [150, 1.0]]}) == 100.0
+    assert _rate({"tokens": 100, "seconds": 50.0}) == 2.0 and _rate({}) is None
+    rates = {"distill": 10.0, "cache": 100.0, "train": 50.0}
+    assert _eta(100, 200, 2.0, 0.5, rates) == 2.0  # trainable on the data already cached
+    # 100 more trained tokens need 50 more cached tokens: 25 generated at 10 tok/s, cached at 100 tok/s
+    assert _eta(100, 0, 2.0, 0.5, rates) == pytest.approx(2.0 + 50 * (0.5 / 10 + 1 / 100))
+    assert _eta(100, 0, 2.0, 0.5, {**rates, "distill": None}) is None

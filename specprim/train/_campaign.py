@@ -61,6 +61,7 @@ __all__ = [
 DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
 _DTYPES = ("float32", "bfloat16")
+_RECENT = 20  # units of work the rates of `campaign status` are measured over
 _SHINGLE = 8  # words in a row shared with a benchmark question that exclude a conversation
 
 
@@ -705,10 +706,13 @@ class _Runner:
         _write_text(path, "".join(json.dumps(r) + "\n" for r in [*records, record]))
 
     def _add_rate(self, stage: str, tokens: int, seconds: float) -> None:
+        """Add a unit of work to ``rates.json``: totals per stage, and the last ``_RECENT`` units (the ETA's)."""
         path = self.dir / "rates.json"
         rates = _read_json(path) or {}
         entry = rates.get(stage, {"tokens": 0, "seconds": 0.0})
-        rates[stage] = {"tokens": entry["tokens"] + int(tokens), "seconds": round(entry["seconds"] + seconds, 3)}
+        recent = [*entry.get("recent", []), [int(tokens), round(seconds, 3)]][-_RECENT:]
+        rates[stage] = {"tokens": entry["tokens"] + int(tokens), "seconds": round(entry["seconds"] + seconds, 3),
+                        "recent": recent}
         _write_json(path, rates)
 
     def _progress(self, stage: str, shard: Shard | None, **counts: Any) -> None:
@@ -788,8 +792,9 @@ class CampaignStatus:
 
     Token counts: ``generated`` (written by the target, training shards), ``cached`` (rendered tokens with cached
     features, training shards), ``trained`` (tokens optimised on, repeats counted). ``rates`` are measured tokens
-    per second of each stage (``None`` before its first unit); ``eta_seconds`` estimates the time to
-    ``next_milestone`` from them.
+    per second of each stage over its last 20 units of work (``None`` before the first); ``eta_seconds`` estimates
+    the time to ``next_milestone`` from them. ``data_exhausted``: every shard of the data plan is cached and the
+    training it allows ends before the campaign's end.
     """
 
     run_dir: str
@@ -810,6 +815,7 @@ class CampaignStatus:
     rates: dict[str, float | None]
     eta_seconds: float | None
     stage: dict[str, Any] | None
+    data_exhausted: bool
 
 
 def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
@@ -842,11 +848,11 @@ def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
     done = tuple(label for label in labels if (directory / "milestones" / label).is_dir())
     upcoming = [m for m in head.milestones if m > state["tokens"]]
     rates_record = _read_json(directory / "rates.json") or {}
-    rates = {stage_name: (entry["tokens"] / entry["seconds"] if entry.get("seconds") else None)
-             for stage_name, entry in ((k, rates_record.get(k, {})) for k in ("distill", "cache", "train"))}
+    rates = {name: _rate(rates_record.get(name, {})) for name in ("distill", "cache", "train")}
     next_milestone = upcoming[0] if upcoming else None
+    exhausted = bool(shards) and cached == len(shards) and head.train_ratio * cached_tokens < head.train_tokens
     eta = None
-    if next_milestone is not None:
+    if next_milestone is not None and not (exhausted and head.train_ratio * cached_tokens < next_milestone):
         eta = _eta(next_milestone - state["tokens"], head.train_ratio * cached_tokens - state["tokens"],
                    head.train_ratio, generated / cached_tokens if cached_tokens else 0.7, rates)
     return CampaignStatus(
@@ -855,8 +861,15 @@ def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
         holdout_tokens=0 if holdout is None else holdout["tokens"], trained_tokens=state["tokens"],
         step=state["step"], baseline=next((r for r in records if r["segment"] == 0), None),
         evaluation=records[-1] if records else None, milestones_done=done, next_milestone=next_milestone,
-        rates=rates, eta_seconds=eta, stage=stage,
+        rates=rates, eta_seconds=eta, stage=stage, data_exhausted=exhausted,
     )
+
+
+def _rate(entry: dict[str, Any]) -> float | None:
+    """Tokens per second over the last ``_RECENT`` units of a stage (all of them in older files)."""
+    units = entry.get("recent") or [[entry.get("tokens", 0), entry.get("seconds", 0.0)]]
+    seconds = sum(s for _, s in units)
+    return sum(t for t, _ in units) / seconds if seconds else None
 
 
 def _eta(tokens: float, trainable: float, ratio: float, generated_per_cached: float,
@@ -936,6 +949,8 @@ def format_status(status: CampaignStatus) -> str:
     lines.append("rates:      " + ", ".join(f"{names[k]} {v:.0f} tok/s" if v else f"{names[k]} -"
                                             for k, v in status.rates.items()))
     if status.next_milestone is not None:
-        eta = "unknown until every stage has run" if status.eta_seconds is None else _duration(status.eta_seconds)
+        eta = ("never: the data plan runs out first" if status.data_exhausted and status.eta_seconds is None
+               else "unknown until every stage has run" if status.eta_seconds is None
+               else _duration(status.eta_seconds))
         lines.append(f"ETA:        {eta} to {milestone_label(status.next_milestone)} trained tokens")
     return "\n".join(lines)
