@@ -276,3 +276,21 @@ def test_rates_are_recent_and_the_eta_counts_the_data_still_to_make():
     # 100 more trained tokens need 50 more cached tokens: 25 generated at 10 tok/s, cached at 100 tok/s
     assert _eta(100, 0, 2.0, 0.5, rates) == pytest.approx(2.0 + 50 * (0.5 / 10 + 1 / 100))
     assert _eta(100, 0, 2.0, 0.5, {**rates, "distill": None}) is None
+
+
+def test_adapt_threads_leaves_the_cpus_other_processes_keep_busy(monkeypatch):
+    from specprim.train import _campaign
+
+    before = torch.get_num_threads()
+    try:
+        hook = _campaign.adapt_threads(2, log=_quiet)
+        for busy, threads in ((0.1, 2), (1.2, 1), (1.9, 1), (None, 2), (0.4, 2)):
+            monkeypatch.setattr(_campaign, "_busy_cpus", lambda interval, busy=busy: busy)
+            hook()
+            assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(before)
+    busy = _campaign._busy_cpus(0.05)
+    assert busy is None or 0 <= busy <= (__import__("os").cpu_count() or 1) + 1e-6
+    with pytest.raises(SystemExit, match="--threads must be a number >= 1 or 'auto'"):
+        cli.main(["campaign", "run", "unused", "--threads", "two"])

@@ -406,19 +406,58 @@ class StopCampaign(Exception):  # noqa: N818 - a control-flow signal, not an err
 
 
 class _Budget:
-    def __init__(self, max_seconds: float | None, max_items: int | None) -> None:
+    def __init__(self, max_seconds: float | None, max_items: int | None,
+                 before_unit: Callable[[], None] | None = None) -> None:
         self.deadline = None if max_seconds is None else time.monotonic() + max_seconds
         self.max_items, self.items = max_items, 0
+        self.before_unit = before_unit
 
     def check(self) -> None:
-        """Raise :class:`StopCampaign` when no new unit of work may start."""
+        """Raise :class:`StopCampaign` when no new unit of work may start; else call ``before_unit``."""
         if self.max_items is not None and self.items >= self.max_items:
             raise StopCampaign
         if self.deadline is not None and time.monotonic() >= self.deadline:
             raise StopCampaign
+        if self.before_unit is not None:
+            self.before_unit()
 
     def tick(self) -> None:
         self.items += 1
+
+
+def _busy_cpus(interval: float) -> float | None:
+    """CPUs kept busy by every process over the next ``interval`` seconds (Linux ``/proc/stat``; ``None`` elsewhere)."""
+    def sample() -> list[int]:
+        with open("/proc/stat") as f:
+            return [int(v) for v in f.readline().split()[1:]]
+
+    try:
+        before = sample()
+        time.sleep(interval)
+        after = sample()
+    except (OSError, ValueError):
+        return None
+    delta = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(delta)
+    idle = delta[3] + (delta[4] if len(delta) > 4 else 0)  # idle, iowait
+    return (total - idle) / total * (os.cpu_count() or 1) if total else None
+
+
+def adapt_threads(maximum: int, *, interval: float = 0.5, log: Callable[[str], None] = print) -> Callable[[], None]:
+    """A ``before_unit`` hook for :func:`run_campaign`: before each unit of work, measure the CPUs other processes
+    keep busy (this run is idle between units) and use ``maximum`` torch threads minus that many, at least one.
+
+    A niced run whose threads share a core with a busy process waits for the starved thread at every parallel
+    region; one thread on the free core is then several times faster than two.
+    """
+    def before_unit() -> None:
+        busy = _busy_cpus(interval)
+        threads = maximum if busy is None else max(1, min(maximum, maximum - round(busy)))
+        if threads != torch.get_num_threads():
+            log(f"threads: {threads} (other processes keep {busy or 0:.1f} CPUs busy)")
+            torch.set_num_threads(threads)
+
+    return before_unit
 
 
 class _Runner:
@@ -742,12 +781,14 @@ def trainer_state(run: Path) -> dict[str, Any]:
 
 
 def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_items: int | None = None,
-                 log: Callable[[str], None] = print) -> CampaignStatus:
+                 log: Callable[[str], None] = print,
+                 before_unit: Callable[[], None] | None = None) -> CampaignStatus:
     """Run (or resume) ``campaign`` until it ends, its data runs out, or the budget is spent.
 
     The budget stops the run before the next unit of work (a self-distillation batch, a shard's feature cache or
     a training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
-    continues. The first call writes ``campaign.json``; a later call with other settings raises ``ValueError``
+    continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
+    ``campaign.json``; a later call with other settings raises ``ValueError``
     naming them. Returns the :func:`campaign_status` at the end.
     """
     if max_seconds is not None and max_seconds < 0:
@@ -763,7 +804,7 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
                              "directory")
     else:
         _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
-    runner = _Runner(campaign, _Budget(max_seconds, max_items), log)
+    runner = _Runner(campaign, _Budget(max_seconds, max_items, before_unit), log)
     try:
         holdout, shards = plan_shards(runner.order(), campaign.data)
         runner.distill(holdout)

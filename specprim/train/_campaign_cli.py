@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -102,7 +103,8 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     head.add_argument("--max-train-tokens", help="end after this many trained tokens (default: the last milestone)")
     head.add_argument("--seed")
     budget = run.add_argument_group("this run only")
-    budget.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    budget.add_argument("--threads", help="torch intra-op threads (default: torch's), or 'auto': before each unit "
+                                          "of work, as many as the CPUs no other process keeps busy (at least 1)")
     budget.add_argument("--max-seconds", type=float, help="stop before the next unit of work after this long")
     budget.add_argument("--max-items", type=int, help="stop after this many units of work (batches, shards, "
                                                       "segments)")
@@ -134,14 +136,22 @@ def campaign_from_args(args: argparse.Namespace):
 
 
 def run_command(args: argparse.Namespace) -> int:
-    from specprim.train._campaign import format_status, run_campaign
+    from specprim.train._campaign import adapt_threads, format_status, run_campaign
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    before_unit = None
     try:
+        if args.threads == "auto":
+            before_unit = adapt_threads(os.cpu_count() or 1, log=log)
+        elif args.threads is not None:
+            if not args.threads.isdigit() or int(args.threads) < 1:
+                raise ValueError(f"--threads must be a number >= 1 or 'auto', got {args.threads!r}")
+            torch.set_num_threads(int(args.threads))
         campaign = campaign_from_args(args)
-        status = run_campaign(campaign, max_seconds=args.max_seconds, max_items=args.max_items,
-                              log=lambda line: print(line, flush=True))
+        status = run_campaign(campaign, max_seconds=args.max_seconds, max_items=args.max_items, log=log,
+                              before_unit=before_unit)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"specprim campaign run: {error}") from error
     print(format_status(status))
