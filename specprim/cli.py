@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
 
 import torch
 
-from specprim import models, presets
+from specprim import models, presets, recipes
 from specprim.bench import add_bench_parser
-from specprim.drafters import Datastore, static_drafting
-from specprim.hf import StaticTarget, check_tokenizers_compatible
-from specprim.hf._static_target import QUERY_BUCKETS
+from specprim.drafters import Datastore
+from specprim.hf import QUERY_BUCKETS
 from specprim.speedup._cli import add_tune_parser
 from specprim.train._campaign_cli import add_campaign_parser
 from specprim.train._cli import add_train_parser
-from specprim.trees._spec import SPEC_HELP
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+AUTO = "auto"
 
 
 def chat_input_ids(tokenizer, prompt: str) -> torch.Tensor:
@@ -40,53 +38,63 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
     return out, time.perf_counter() - start
 
 
+def _recipe(args: argparse.Namespace) -> tuple[recipes.Recipe, recipes.Choice | None]:
+    """The recipe ``generate`` runs: ``--recipe`` or ``auto``'s choice (``--method auto``) or the defaults, with the
+    options the user typed on top; and ``auto``'s choice when it made one."""
+    choice = None
+    if hasattr(args, "recipe"):
+        base = recipes.load_recipe(args.recipe)
+    elif args.method == AUTO:
+        choice = recipes.auto(args.target, temperature=args.temperature, dtype=getattr(args, "dtype", None))
+        base = choice.recipe
+    else:
+        base = recipes.Recipe()
+    return recipes.recipe_from_args(args, base, method=None if args.method == AUTO else args.method), choice
+
+
+def _check_decoding(args: argparse.Namespace) -> None:
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    for name, value, low, high in (("--top-k", args.top_k, 1, None), ("--top-p", args.top_p, 0, 1)):
+        if value is not None and (value < low or (high is not None and value > high)):
+            raise ValueError(f"{name} must be in [{low}, {high if high is not None else 'inf'}], got {value}")
+
+
 def generate_command(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
     try:
-        model, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], quantize=args.quantize,
-                                       pack=args.pack, compile=args.compile)
-        draft = None
-        if args.draft:
-            draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], quantize=args.draft_quantize,
-                                                 pack=args.pack, compile=args.compile)
-            check_tokenizers_compatible(tokenizer, draft_tokenizer)
+        _check_decoding(args)
+        recipe, choice = _recipe(args)
     except ValueError as error:
-        raise SystemExit(f"specprim generate: {error}") from error
-    if args.draft_vocab is not None and not presets.drafts_with_a_draft_model(args.method):
-        raise SystemExit("specprim generate: --draft-vocab applies to --method leviathan (its --draft model) only")
-    if args.datastore is not None and not presets.uses_datastore(args.method):
-        raise SystemExit("specprim generate: --datastore applies to methods with a datastore part only")
+        raise SystemExit(f"specprim generate: error: {error}") from error
+    if choice is not None:
+        print(f"auto: {choice.reason}\nrecipe: {recipe}", file=sys.stderr)
     try:
-        datastore = None if args.datastore is None else models.load_datastore(args.datastore, tokenizer)
-        method = presets.from_name(args.method, target=model, draft=draft, head=args.head, num_draft=args.num_draft,
-                                   exit_layer=args.exit_layer, tree=args.tree, draft_vocab_size=args.draft_vocab,
-                                   datastore=datastore, max_nodes=args.max_nodes)
-    except ValueError as error:
-        raise SystemExit(f"specprim generate: {error}") from error
-    ids = chat_input_ids(tokenizer, args.prompt)
-    try:
-        verifier = StaticTarget(model) if args.static_verify else model
-        if args.static_draft:
-            cache_length = ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1]
-            drafter = static_drafting(method.drafter, min_cache_length=cache_length)
-            method = dataclasses.replace(method, drafter=drafter)
-    except TypeError as error:
-        raise SystemExit(f"specprim generate: {error}") from error
+        model, tokenizer = recipes.load_target(recipe, args.target)
+        draft = recipes.load_draft(recipe, tokenizer)
+        ids = chat_input_ids(tokenizer, args.prompt)
+        built = recipes.build(recipe, model, tokenizer, draft=draft,
+                              cache_length=ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1])
+    except (ValueError, TypeError) as error:
+        raise SystemExit(f"specprim generate: error: {error}") from error
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos = tokenizer.eos_token_id
 
     def plain(max_new_tokens: int) -> torch.Tensor:
         extra = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k or 0,
                      top_p=args.top_p or 1.0) if args.temperature > 0 else dict(do_sample=False)
-        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                              eos_token_id=eos, pad_token_id=eos, **extra)
+        with models.stock_kernels():  # plain generate: the same weights as transformers computes them
+            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                  eos_token_id=eos, pad_token_id=eos, **extra)
 
     def speculative(max_new_tokens: int):
         generator = torch.Generator().manual_seed(args.seed)
-        return method.generate(verifier, ids, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                               generator=generator, **sampling)
+        return built.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=generator, **sampling)
 
-    plain(8), speculative(args.max_new_tokens if args.static_verify else 8)  # warm-up: compiles every tree bucket
+    static = recipe.verifier != "eager" or recipe.static_draft
+    _, warm_s = _timed(lambda: (plain(8), speculative(args.max_new_tokens if static else recipe.warmup_tokens)))
     baseline, plain_s = _timed(lambda: plain(args.max_new_tokens))
     out, spec_s = _timed(lambda: speculative(args.max_new_tokens))
     new_ids = out.sequences[0, ids.shape[1]:]
@@ -95,17 +103,18 @@ def generate_command(args: argparse.Namespace) -> int:
     print(tokenizer.decode(new_ids, skip_special_tokens=True))
     print("---")
     stats = out.stats
-    weights = (f", {args.quantize} weights" if args.quantize else "") + (", packed" if args.pack else "")
-    weights += (", compiled" if args.compile else "") + (", static compiled verification" if args.static_verify else "")
-    weights += ", static compiled drafting" if args.static_draft else ""
-    print(f"method {args.method} | target {args.target} ({args.dtype}{weights}) | new tokens {len(new_ids)} | "
-          f"steps {stats.steps} | tau {stats.tau:.2f} (mean accepted length, bonus token included)")
-    line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate {plain_rate:.1f} tok/s | "
+    print(f"recipe {recipe} | target {args.target} | new tokens {len(new_ids)} | steps {stats.steps} | "
+          f"tau {stats.tau:.2f} (mean accepted length, bonus token included)")
+    line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate ({recipe.dtype}) {plain_rate:.1f} tok/s | "
             f"speedup {spec_rate / plain_rate:.2f}x")
+    if choice is not None and choice.expected_speedup is not None:
+        line += f" (tuned: {choice.expected_speedup:.2f}x on MT-bench)"
     if args.temperature == 0:
         same = torch.equal(baseline[0], out.sequences[0])
         line += f" | identical to plain greedy: {'yes' if same else 'no'}"
     print(line)
+    print(f"warm-up {warm_s:.1f} s before timing (compiling: {'yes' if static else 'no'}); "
+          f"numerics: {recipe.numerics or 'float32, as loaded'}")
     return 0
 
 
@@ -122,7 +131,7 @@ def datastore_command(args: argparse.Namespace) -> int:
 
 
 def _method_name(name: str) -> str:
-    if not presets.is_name(name):
+    if name != AUTO and not presets.is_name(name):
         raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(presets.NAMES)} or join "
                                          "several with '+'")
     return name
@@ -136,36 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gen.add_argument("--target", default="smollm2-135m-instruct",
                      help=f"target model: one of {sorted(models.KNOWN_MODELS)}, a local path or a hub id")
-    gen.add_argument("--method", type=_method_name, default="prompt-lookup",
-                     help=f"one of {', '.join(presets.NAMES)}, or several joined by '+' (drafting together)")
-    gen.add_argument("--draft", help="draft model for --method leviathan")
-    gen.add_argument("--draft-vocab", type=int, help=presets.DRAFT_VOCAB_HELP)
-    gen.add_argument("--head", help="trained head directory for --method medusa / eagle / eagle3 / mtp")
-    gen.add_argument("--exit-layer", type=int, help="exit layer for --method early-exit (default: half the layers)")
-    gen.add_argument("--datastore", action="append", help=presets.DATASTORE_HELP)
-    gen.add_argument("--max-nodes", type=int, help=presets.MAX_NODES_HELP)
+    gen.add_argument("--method", type=_method_name, default=AUTO,
+                     help=f"auto (default: the recipe tuned for the target, else prompt lookup), one of "
+                          f"{', '.join(presets.NAMES)}, or several joined by '+' (drafting together)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=int, default=128)
-    gen.add_argument("--num-draft", type=int, help="draft tokens per step (default: the preset's)")
-    gen.add_argument("--tree", help=f"replace the preset's tree shape: {SPEC_HELP} (see specprim tune)")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--top-p", type=float)
-    gen.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
-    gen.add_argument("--quantize", choices=models.QUANTIZE_SCHEMES,
-                     help="weight-only quantize the target's linear layers (the plain baseline runs the same model)")
-    gen.add_argument("--draft-quantize", choices=models.QUANTIZE_SCHEMES,
-                     help="weight-only quantize the --draft model's linear layers")
-    gen.add_argument("--pack", action="store_true",
-                     help="pre-pack the bfloat16 models' linears for oneDNN on CPU (the plain baseline runs them too)")
-    gen.add_argument("--compile", action="store_true",
-                     help="torch.compile the models' forward (not with --pack; the first calls compile for minutes)")
-    gen.add_argument("--static-draft", action="store_true",
-                     help="draft through static, compiled draft models (draft LMs, EAGLE heads; compiles first)")
-    gen.add_argument("--static-verify", action="store_true",
-                     help="verify with a static KV cache and padded trees, torch.compiled with static shapes "
-                          "(specprim.hf.StaticTarget; compiles during the warm-up)")
     gen.add_argument("--seed", type=int, default=0)
+    recipes.add_recipe_arguments(gen)
     gen.set_defaults(func=generate_command)
     store = commands.add_parser(
         "datastore", help="build a retrieval datastore (for --method datastore) from text files",
@@ -187,8 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_progress() -> None:
+    """Progress messages of the library (model downloads, datastore builds, compiling) on stderr."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("specprim: %(message)s"))
+    logger = logging.getLogger("specprim")
+    if not logger.handlers:
+        logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _show_progress()
     return args.func(args)
 
 

@@ -38,7 +38,8 @@ from specprim.drafters import (
 )
 from specprim.hf import num_layers
 from specprim.models._datastores import known_datastores, load_datastore
-from specprim.models._heads import head_path, known_heads
+from specprim.models._heads import head_path, known_heads, shipped_head
+from specprim.models._load import known_name
 from specprim.models._pack import pack_like
 from specprim.trees import Chain, TreeBuilder, parse_tree
 
@@ -175,7 +176,8 @@ def from_name(
 
     ``draft`` is the draft model for ``"leviathan"``; ``head`` a directory saved by a head's
     ``save_pretrained``, or a shipped head's name (:func:`specprim.models.known_heads`), for ``"medusa"``,
-    ``"eagle"``, ``"eagle3"`` and ``"mtp"`` (its linears packed when the target's are:
+    ``"eagle"``, ``"eagle3"`` and ``"mtp"`` (default: the head of that kind shipped for ``target``, when it was
+    loaded by a known name: :func:`specprim.models.shipped_head`) (its linears packed when the target's are:
     :func:`specprim.models.pack_like`); ``num_draft`` overrides the draft length of chain presets;
     ``exit_layer`` the early-exit layer (default: half the target's layers); ``draft_vocab_size`` a reduced
     vocabulary for the draft model of ``"leviathan"`` (see :func:`leviathan`); ``tree`` replaces the preset's tree
@@ -234,12 +236,13 @@ class _Options:
 
     def require_head(self, name: str, head_class: Any) -> Any:
         """The head for method ``name``, loaded as ``head_class`` onto the target (packed when the target is)."""
-        if self.head is None:
+        head = self.head if self.head is not None else shipped_head(known_name(self.target), name)
+        if head is None:
             raise ValueError(
                 f"method {name!r} needs a trained head: a directory saved with save_pretrained or the name of a "
-                f"shipped head ({', '.join(known_heads()) or 'none installed'})"
+                f"shipped head ({', '.join(known_heads()) or 'none installed'}); none ships for this target"
             )
-        return pack_like(head_class.from_pretrained(str(head_path(self.head)), self.target), self.target)
+        return pack_like(head_class.from_pretrained(str(head_path(head)), self.target), self.target)
 
     def require_datastore(self, name: str) -> Datastore:
         if self.datastore is None:

@@ -307,7 +307,7 @@ def test_bench_and_cli_run_datastore_methods(tmp_path, capsys):
     assert cli.main(["generate", "--target", str(tmp_path / "target"), "--method", "datastore", "--datastore",
                      str(tmp_path / "answers.npz"), "--prompt", prompt, "--max-new-tokens", "8"]) == 0
     assert "identical to plain greedy: yes" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="--datastore applies"):
+    with pytest.raises(SystemExit, match="datastores are the corpus of a .datastore. part"):
         cli.main(["generate", "--target", str(tmp_path / "target"), "--method", "prompt-lookup", "--datastore",
                   str(tmp_path / "answers.npz"), "--prompt", prompt])
     assert cli.main(["bench", "--target", str(tmp_path / "target"), "--method", "prompt-lookup+datastore",

@@ -103,7 +103,7 @@ def test_bench_and_cli_draft_statically_with_a_reduced_vocabulary(tmp_path, caps
                      str(tmp_path / "draft"), "--draft-vocab", "60", "--static-draft", "--prompt", "t5 t6 t7 t5 t6",
                      "--max-new-tokens", "8"]) == 0
     out = capsys.readouterr().out
-    assert "static compiled drafting" in out and "identical to plain greedy: yes" in out
-    with pytest.raises(SystemExit, match="--draft-vocab applies"):
+    assert "static-draft" in out and "identical to plain greedy: yes" in out
+    with pytest.raises(SystemExit, match="draft_vocab restricts leviathan"):
         cli.main(["generate", "--target", str(tmp_path / "target"), "--method", "prompt-lookup", "--draft-vocab",
                   "60", "--prompt", "t5"])

@@ -263,7 +263,7 @@ def test_cli_generate_verifies_through_a_static_target(tmp_path, capsys):
     assert cli.main(["generate", "--target", str(model_dir), "--method", "prompt-lookup", "--static-verify",
                      "--prompt", "t5 t6 t7 t8 t5 t6 t7", "--max-new-tokens", "8"]) == 0
     out = capsys.readouterr().out
-    assert "static compiled verification" in out and "identical to plain greedy: yes" in out
+    assert "verifier=compiled" in out and "identical to plain greedy: yes" in out
     model_dir_gpt2 = tmp_path / "gpt2"
     tiny_causal_lm("gpt2").save_pretrained(model_dir_gpt2)
     tiny_tokenizer().save_pretrained(model_dir_gpt2)

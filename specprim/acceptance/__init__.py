@@ -9,4 +9,7 @@ from specprim.acceptance._greedy import Greedy
 from specprim.acceptance._speculative import SpeculativeSampling
 from specprim.acceptance._typical import TypicalAcceptance
 
-__all__ = ["AcceptanceRule", "Greedy", "SpeculativeSampling", "TypicalAcceptance"]
+RULES = {"speculative": SpeculativeSampling, "greedy": Greedy, "typical": TypicalAcceptance}
+"""The rules by the name a command line or a :class:`specprim.recipes.Recipe` gives them."""
+
+__all__ = ["RULES", "AcceptanceRule", "Greedy", "SpeculativeSampling", "TypicalAcceptance"]

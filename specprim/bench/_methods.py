@@ -20,7 +20,7 @@ from transformers import CompileConfig
 
 from specprim import presets
 from specprim._stats import GenerationStats
-from specprim.acceptance import Greedy, SpeculativeSampling, TypicalAcceptance
+from specprim.acceptance import RULES
 from specprim.hf import StaticTarget, input_device
 from specprim.hf._static_target import CACHE_ROUNDING
 from specprim.models import eager_forward, is_compiled, is_packed, stock_kernels
@@ -187,6 +187,8 @@ class MethodContext:
             GGUF file).
         verifier: the :class:`specprim.hf.StaticTarget` every specprim method verifies with (``--static-verify``),
             or ``None`` for the target model's own forward; the Hugging Face modes always call ``model.generate``.
+        stock_baselines: the Hugging Face modes compute with the stock kernels (the target was packed for a
+            recipe, not by the user: the baselines stay plain ``model.generate``).
     """
 
     target: torch.nn.Module
@@ -196,18 +198,17 @@ class MethodContext:
     preset_options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     target_name: str | None = None
     verifier: StaticTarget | None = None
+    stock_baselines: bool = False
 
 
-ACCEPTANCE: Mapping[str, Callable[[], Any]] = MappingProxyType({
-    "speculative": SpeculativeSampling, "greedy": Greedy, "typical": TypicalAcceptance,
-})
+ACCEPTANCE: Mapping[str, Callable[[], Any]] = MappingProxyType(dict(RULES))
 """Acceptance rules an ablation can swap in by name."""
 
 HF_PROMPT_LOOKUP_TOKENS = 8  # specprim's PromptLookup default, so both prompt-lookup rows draft alike
 
 
 def _hf(context: MethodContext) -> BenchMethod:
-    return HFGenerate(model=context.target)
+    return HFGenerate(model=context.target, stock_kernels=context.stock_baselines)
 
 
 def _hf_unpacked(context: MethodContext) -> BenchMethod:
@@ -236,7 +237,8 @@ def _hf_static(context: MethodContext) -> BenchMethod:
 
 def _hf_prompt_lookup(context: MethodContext) -> BenchMethod:
     tokens = context.num_draft or HF_PROMPT_LOOKUP_TOKENS
-    return HFGenerate(model=context.target, options={"prompt_lookup_num_tokens": tokens})
+    return HFGenerate(model=context.target, options={"prompt_lookup_num_tokens": tokens},
+                      stock_kernels=context.stock_baselines)
 
 
 def _hf_assisted(context: MethodContext) -> BenchMethod:
@@ -245,7 +247,8 @@ def _hf_assisted(context: MethodContext) -> BenchMethod:
     options: dict[str, Any] = {"assistant_model": context.draft}
     if context.num_draft is not None:
         options.update(num_assistant_tokens=context.num_draft, num_assistant_tokens_schedule="constant")
-    return HFGenerate(model=context.target, options=options, draft_modules=(context.draft,))
+    return HFGenerate(model=context.target, options=options, draft_modules=(context.draft,),
+                      stock_kernels=context.stock_baselines)
 
 
 HF_METHODS: Mapping[str, Callable[[MethodContext], BenchMethod]] = MappingProxyType({

@@ -24,9 +24,13 @@ from specprim.bench._runner import SEED_STRIDE, measure
 from specprim.drafters import Datastore, static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
 from specprim.hf._static_target import QUERY_BUCKETS
+from specprim.models import is_packed
+from specprim.recipes import Recipe, auto
+from specprim.recipes import build as build_recipe
 from specprim.sampling import SamplingConfig
 from specprim.speedup import CostModel, measure_verify_costs
 
+AUTO = "auto"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Model = torch.nn.Module
 
@@ -76,6 +80,17 @@ def _methods(names: Sequence[str], context: MethodContext,
         else:
             built[name] = method
     return built
+
+
+def _check_recipe_fits(label: str, recipe: Recipe, dtype: str, quantize: str | None) -> None:
+    """Refuse a recipe method whose target loading differs from the run's (one target model serves every method)."""
+    if recipe.dtype != dtype:
+        raise ValueError(f"method {label!r} runs in {recipe.dtype}; the run loads the target in {dtype} "
+                         f"(pass --dtype {recipe.dtype})")
+    if recipe.quantize != quantize:
+        raise ValueError(f"method {label!r} quantizes the target as {recipe.quantize}; the run as {quantize}")
+    if recipe.compile:
+        raise ValueError(f"method {label!r} compiles the model's own forward; pass --compile to the run instead")
 
 
 def _check_decodes(methods: Mapping[str, BenchMethod], decoding: Decoding) -> None:
@@ -139,6 +154,7 @@ def run(
     repeats: int = 1,
     seed: int = 0,
     custom: Mapping[str, BenchMethod | presets.Method] | None = None,
+    recipes: Mapping[str, Recipe] | None = None,
     json_path: str | os.PathLike[str] | None = None,
     plot_dir: str | os.PathLike[str] | None = None,
     warmup_tokens: int = 8,
@@ -187,6 +203,11 @@ def run(
         acceptance: an acceptance rule name replacing the preset's (see ``ACCEPTANCE``).
         repeats: times every (prompt, method) pair is measured; ``seed`` seeds everything (see ``SEED_STRIDE``).
         custom: extra methods by label, a :class:`specprim.presets.Method` or any :class:`BenchMethod`.
+        recipes: extra methods by label, each a :class:`specprim.recipes.Recipe` (its own verifier, drafter, warm-up;
+            its dtype and quantization must be the run's). The method name ``auto`` in ``methods`` is the recipe
+            :func:`specprim.recipes.auto` picks for the target, the temperature and ``dtype``. A recipe that packs
+            packs the target in place; the Hugging Face modes then still compute with the stock kernels, so that
+            ``hf`` stays plain ``model.generate`` (unless ``pack``).
         json_path: where to write the JSON results, if given.
         plot_dir: where to write the PNG plots, if given.
         predict: time the target's verification against tree size first (:func:`specprim.speedup.
@@ -234,12 +255,29 @@ def run(
     context = MethodContext(target=model, draft=draft_model, num_draft=num_draft, acceptance=acceptance,
                             preset_options=options, target_name=target if isinstance(target, str) else None,
                             verifier=StaticTarget(model, min_cache_length=cache_length) if static_verify else None)
-    method_map = _methods(methods, context, custom or {})
+    recipe_map = dict(recipes or {})
+    names = [m for m in methods if m != AUTO]
+    chosen = None
+    if AUTO in methods:
+        chosen = auto(target if isinstance(target, str) else model, temperature=temperature, dtype=dtype)
+        recipe_map[AUTO] = chosen.recipe
+    for label, recipe in recipe_map.items():
+        _check_recipe_fits(label, recipe, dtype, quantize)
+        if recipe.pack and not is_packed(model):
+            models.pack_weights(model)
+            context = dataclasses.replace(context, stock_baselines=True)
+        warmup_tokens = max(warmup_tokens, recipe.warmup_tokens)
+    method_map = _methods(names, context, custom or {})
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
                         eos_token_id=tokenizer.eos_token_id)
     _check_decodes(method_map, decoding)
     if static_draft:
         method_map = _drafting_statically(method_map, cache_length)
+    for label, recipe in recipe_map.items():
+        built = build_recipe(recipe, model, tokenizer, draft=draft_model, cache_length=cache_length)
+        verifier = built.verifier if isinstance(built.verifier, StaticTarget) else None
+        method_map[label] = SpecprimGenerate(target=model, method=built.method, verifier=verifier)
+    _check_decodes({label: method_map[label] for label in recipe_map}, decoding)
     costs = None
     if predict:
         first = conversation_ids(tokenizer, prompt_list[0].turns[:1], [])
@@ -270,6 +308,8 @@ def run(
         "load_average": {"before": load_before, "after": load_average()},
         "memory_probe": PeakMemory(input_device(model)).method,
         "method_reprs": {name: repr(method) for name, method in method_map.items()},
+        "recipes": {label: repr(recipe) for label, recipe in recipe_map.items()},
+        "auto": None if chosen is None else {"reason": chosen.reason, "expected_speedup": chosen.expected_speedup},
     }
     results = BenchResults(results=tuple(summaries), prompts=tuple(rows), meta=meta)
     if json_path is not None:

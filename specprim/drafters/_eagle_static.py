@@ -50,7 +50,7 @@ class StaticEagleDraftModel(EagleDraftModel):
     def __init__(self, head: EagleHead, *, compile: bool = True, min_cache_length: int = 0) -> None:  # noqa: A002
         super().__init__(head)
         self.compiled = compile
-        self._warm = WarmShapes()  # the compiled step's guards are checked in full once per shape
+        self._warm = WarmShapes("EAGLE head")  # the compiled step's guards are checked in full once per shape
         self.min_cache_length = min_cache_length
         self.cache: StaticCache | None = None
         self._last_logits = torch.empty(0)  # (1, V) logits of the root's children, from the last context pair

@@ -3,7 +3,7 @@
 from specprim.hf._batched_target import BatchedHFTarget
 from specprim.hf._draft_lm import LMDraftModel
 from specprim.hf._static_draft_lm import StaticLMDraftModel
-from specprim.hf._static_target import StaticTarget, WarmShapes, query_bucket
+from specprim.hf._static_target import QUERY_BUCKETS, StaticTarget, WarmShapes, query_bucket
 from specprim.hf._target import (
     HFTarget,
     check_causal_lm,
@@ -17,6 +17,7 @@ from specprim.hf._truncate import num_layers, truncated_view
 from specprim.hf._windowed_attention import windowed_attention, windowed_sdpa_forward
 
 __all__ = [
+    "QUERY_BUCKETS",
     "BatchedHFTarget",
     "HFTarget",
     "LMDraftModel",

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import os
+import time
 from collections.abc import Callable, Hashable, Iterator
 from typing import Any
 
@@ -22,6 +24,8 @@ from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
 from specprim.models._pack import stock_kernels
 from specprim.models._quantize import Int4Linear
+
+logger = logging.getLogger(__name__)
 
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 """transformers' switch for attending on the key/value heads as they are (``enable_gqa``) even when a mask is passed;
@@ -66,8 +70,10 @@ class WarmShapes:
     before running anything), it runs again with the guards in full. The key names what a graph is specialized on
     besides the guarded inputs: the padded size, the feature layers, the cache's length."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "static forward") -> None:
+        self.label = label
         self._warm: set[Hashable] = set()
+        self._seen: set[Hashable] = set()
 
     def call(
         self, key: Hashable, function: Callable[..., Any], *args: Any,
@@ -84,8 +90,16 @@ class WarmShapes:
             except RuntimeError as error:
                 if "skip_guard_eval_unsafe" not in str(error):  # not dynamo asking for a recompilation
                     raise
+        first = key not in self._seen
+        if first:
+            logger.info("compiling the %s for shape %s (once per shape and process; about a minute on 2 CPU cores)",
+                        self.label, key)
+        start = time.perf_counter()
         with settings():
             result = function(*args)
+        if first:
+            logger.info("compiled the %s for shape %s in %.1f s", self.label, key, time.perf_counter() - start)
+        self._seen.add(key)
         self._warm.add(key)
         return result
 
@@ -158,7 +172,7 @@ class StaticTarget(ModelRunner):
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (padded size, feature layers) verified so far
         self.decoder = _llama_style_decoder(model)
         self.compiled = compile
-        self._warm = WarmShapes()
+        self._warm = WarmShapes("verifier" if head is None else "draft model")
         self.past_length = 0
         self.cache: StaticCache | None = None  # type: ignore[assignment]
         self._layer_cache_kwarg = _layer_cache_kwarg(self.decoder.layers[0])

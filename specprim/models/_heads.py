@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
 from specprim.models._pack import pack_like
 
-__all__ = ["HEADS_DIR", "head_path", "known_heads", "load_head"]
+__all__ = ["HEADS_DIR", "head_info", "head_path", "known_heads", "load_head", "shipped_head"]
 
 HEADS_DIR = Path(__file__).parent / "heads"
 
@@ -24,6 +30,24 @@ def known_heads() -> tuple[str, ...]:
     if not HEADS_DIR.is_dir():
         return ()
     return tuple(sorted(p.name for p in HEADS_DIR.iterdir() if (p / "config.json").is_file()))
+
+
+def head_info(name: str) -> dict[str, Any]:
+    """The ``recipes.toml`` of the shipped head ``name``: ``target`` (the model it drafts for), ``kind`` (its preset),
+    and, where it was tuned, ``recipes`` (tables of :class:`specprim.recipes.Recipe` fields by decoding mode) and
+    ``measured`` (what the tuning run gave). Empty for a head without one."""
+    file = HEADS_DIR / name / "recipes.toml"
+    return tomllib.loads(file.read_text()) if file.is_file() else {}
+
+
+def shipped_head(target: str | None, kind: str) -> str | None:
+    """The shipped head of preset ``kind`` (``eagle3``, ``medusa``, ...) for the known model ``target``, or
+    ``None``."""
+    for name in known_heads():
+        info = head_info(name)
+        if target is not None and info.get("target") == target and info.get("kind") == kind:
+            return name
+    return None
 
 
 def head_path(name_or_path: str | os.PathLike[str]) -> Path:

@@ -38,6 +38,13 @@ def cache_dir() -> Path:
     return Path(override).expanduser() if override else Path.home() / ".cache" / "specprim"
 
 
+def known_name(model: Any) -> str | None:
+    """The :data:`KNOWN_MODELS` name a model was loaded by (:func:`load` of a known name reads it from
+    ``cache_dir() / name``), or ``None``."""
+    name = Path(str(getattr(model, "name_or_path", "") or "")).name
+    return name if name in KNOWN_MODELS else None
+
+
 def load(
     name_or_path: str | os.PathLike[str] | EmbeddedModel,
     *,

@@ -9,7 +9,7 @@
 from specprim.trees._base import TreeBuilder, TreeDraftModel
 from specprim.trees._chain import Chain
 from specprim.trees._dynamic import DynamicTree
-from specprim.trees._spec import parse_tree
+from specprim.trees._spec import SPEC_HELP, parse_tree
 from specprim.trees._static import StaticTree
 
-__all__ = ["Chain", "DynamicTree", "StaticTree", "TreeBuilder", "TreeDraftModel", "parse_tree"]
+__all__ = ["SPEC_HELP", "Chain", "DynamicTree", "StaticTree", "TreeBuilder", "TreeDraftModel", "parse_tree"]

@@ -1,0 +1,167 @@
+"""specprim.recipes: the Recipe value (validation, string and TOML forms), shipped recipes, auto, building, and the
+command lines that take them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from _tiny import tiny_causal_lm, tiny_tokenizer
+
+from specprim import bench, cli, models, recipes
+from specprim.acceptance import Greedy, TypicalAcceptance
+from specprim.hf import StaticTarget
+from specprim.recipes import Recipe
+
+GREEDY = "smollm2-135m-instruct-eagle3:greedy"
+SAMPLED = "smollm2-135m-instruct-eagle3:sampled"
+ODD = Recipe(method="prompt-lookup+datastore", num_draft=2, max_nodes=5, datastores=("a b.npz", 'q"uote.npz'),
+             acceptance="typical", warmup_tokens=0, verifier="static", tree="chain:3")
+
+
+@pytest.mark.parametrize("recipe", [Recipe(), ODD, *recipes.shipped_recipes().values()], ids=repr)
+def test_string_and_toml_forms_read_back_as_the_same_recipe(recipe):
+    assert Recipe.from_toml(recipe.to_toml()) == recipe
+    if " " not in "".join(recipe.datastores):  # the one-line form splits on spaces
+        assert Recipe.parse(str(recipe)) == recipe
+    assert str(recipe).startswith(f"method={recipe.method}")
+
+
+def test_toml_file_and_shipped_names_load(tmp_path):
+    path = tmp_path / "fast.toml"
+    path.write_text(ODD.to_toml())
+    assert recipes.load_recipe(path) == ODD
+    assert recipes.load_recipe(GREEDY).method == "eagle3+prompt-lookup+datastore"
+    with pytest.raises(ValueError, match=f"neither a shipped recipe .*{GREEDY}"):
+        recipes.load_recipe("no-such-recipe")
+    path.write_text("method = [")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        recipes.load_recipe(path)
+    path.write_text('method = "prompt-lookup"\nspeed = 3\n')
+    with pytest.raises(ValueError, match=r"unknown keys \['speed'\]"):
+        recipes.load_recipe(path)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(dtype="float64"), "dtype must be one of"),
+    (dict(verifier="fast"), "verifier must be one of"),
+    (dict(acceptance="optimal"), "acceptance must be one of"),
+    (dict(method="nope"), "unknown method 'nope'"),
+    (dict(method="prompt-lookup+prompt-lookup"), "unknown method"),
+    (dict(pack=True), "pack pre-packs bfloat16 linears"),
+    (dict(dtype="bfloat16", pack=True, compile=True), "pack and compile exclude each other"),
+    (dict(max_nodes=3), "max_nodes caps a union"),
+    (dict(datastores=("sharegpt",)), "has none"),
+    (dict(method="datastore"), "needs datastores"),
+    (dict(method="leviathan"), "needs a draft model"),
+    (dict(draft_vocab=10), "no leviathan part"),
+    (dict(draft_quantize="int8"), "has no draft"),
+    (dict(num_draft=0), "num_draft must be an int >= 1"),
+    (dict(warmup_tokens=-1), "warmup_tokens must be an int >= 0"),
+    (dict(pack="yes"), "pack must be true or false"),
+    (dict(tree="dynamic:depth=0"), "depth"),
+    (dict(datastores="sharegpt"), "datastores must be a list"),
+])
+def test_invalid_recipes_are_refused_when_made(fields, message):
+    with pytest.raises(ValueError, match=message):
+        Recipe(**fields)
+
+
+def test_parse_refuses_unknown_keys_and_bad_values():
+    with pytest.raises(ValueError, match="unknown recipe key 'speed'"):
+        Recipe.parse("method=prompt-lookup speed=3")
+    with pytest.raises(ValueError, match="num-draft must be an int"):
+        Recipe.parse("num-draft=four")
+    with pytest.raises(ValueError, match="pack must be true or false"):
+        Recipe.parse("dtype=bfloat16 pack=maybe")
+
+
+def test_lossless_and_numerics_say_what_the_recipe_changes():
+    assert Recipe().lossless and not Recipe(acceptance="typical").lossless
+    assert Recipe().numerics is None
+    shipped = recipes.load_recipe(GREEDY)
+    assert shipped.numerics == "bfloat16, compiled forwards" and shipped.lossless
+
+
+def test_auto_picks_the_tuned_recipe_by_mode_and_adapts_the_dtype():
+    greedy = recipes.auto("smollm2-135m-instruct")
+    assert greedy.recipe == recipes.load_recipe(GREEDY) and greedy.expected_speedup > 1
+    assert recipes.auto("smollm2-135m-instruct", temperature=0.7).recipe == recipes.load_recipe(SAMPLED)
+    fp32 = recipes.auto("smollm2-135m-instruct", dtype="float32")
+    assert fp32.recipe.dtype == "float32" and not fp32.recipe.pack and fp32.expected_speedup is None
+    assert fp32.recipe.method == greedy.recipe.method
+    other = recipes.auto("some/model")
+    assert other.recipe == Recipe() and "no recipe ships for some/model" in other.reason
+    assert all(recipes.auto(name, temperature=t).recipe.lossless
+               for name in ("smollm2-135m-instruct", "x") for t in (0.0, 1.0))
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        recipes.auto("x", temperature=-1)
+
+
+def test_shipped_heads_are_found_by_target_and_kind():
+    assert models.shipped_head("smollm2-135m-instruct", "eagle3") == "smollm2-135m-instruct-eagle3"
+    assert models.shipped_head("smollm2-135m-instruct", "medusa") == "smollm2-135m-instruct-medusa"
+    assert models.shipped_head("smollm2-135m-instruct", "mtp") is None
+    assert models.shipped_head(None, "eagle3") is None
+
+
+def test_build_gives_the_recipes_verifier_drafter_and_rule():
+    model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
+    built = recipes.build(Recipe(num_draft=3, verifier="static", acceptance="greedy"), model, tokenizer)
+    assert isinstance(built.verifier, StaticTarget) and isinstance(built.method.acceptance, Greedy)
+    assert built.method.drafter.num_tokens == 3
+    ids = tokenizer("t5 t6 t7 t8 t5 t6 t7", return_tensors="pt").input_ids
+    out = built.generate(ids, max_new_tokens=12)
+    plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
+    assert torch.equal(out.sequences, plain)  # fp32 greedy: lossless
+    typical = recipes.build(Recipe(acceptance="typical"), model)
+    assert isinstance(typical.method.acceptance, TypicalAcceptance) and typical.verifier is model
+    with pytest.raises(ValueError, match="needs the target's tokenizer"):
+        recipes.build(ODD, model, tokenizer=None)
+
+
+def test_cli_generate_runs_a_recipe_file_and_auto(tmp_path, capsys):
+    target = tmp_path / "target"
+    tiny_causal_lm("llama").save_pretrained(target)
+    tiny_tokenizer().save_pretrained(target)
+    recipe = tmp_path / "r.toml"
+    recipe.write_text(Recipe(num_draft=2).to_toml())
+    prompt = "t5 t6 t7 t8 t5 t6 t7"
+    assert cli.main(["generate", "--target", str(target), "--recipe", str(recipe), "--prompt", prompt,
+                     "--max-new-tokens", "6"]) == 0
+    out = capsys.readouterr()
+    assert "recipe method=prompt-lookup num-draft=2 |" in out.out and "identical to plain greedy: yes" in out.out
+    assert cli.main(["generate", "--target", str(target), "--prompt", prompt, "--max-new-tokens", "6",
+                     "--num-draft", "3"]) == 0  # auto, then the typed option on top
+    out = capsys.readouterr()
+    assert "auto: no recipe ships for" in out.err and "recipe method=prompt-lookup num-draft=3 |" in out.out
+    with pytest.raises(SystemExit, match="needs a trained head"):
+        cli.main(["generate", "--target", str(target), "--method", "eagle3", "--prompt", prompt])
+    with pytest.raises(SystemExit, match="--max-new-tokens must be >= 1"):
+        cli.main(["generate", "--target", str(target), "--prompt", prompt, "--max-new-tokens", "0"])
+
+
+def test_bench_runs_recipes_and_auto_and_logs_them(tmp_path):
+    model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
+    path = tmp_path / "out.json"
+    results = bench.run(target=model, tokenizer=tokenizer, methods=["hf", "auto"], prompts=["t5 t6 t7 t5 t6"],
+                        max_new_tokens=6, recipes={"two": Recipe(num_draft=2, verifier="static")}, json_path=path)
+    assert [r.method for r in results.results] == ["hf", "two", "auto"]
+    assert all(r.identical for r in results.results)
+    meta = json.loads(path.read_text())["meta"]
+    assert meta["recipes"]["two"].startswith("Recipe(method='prompt-lookup'") and "auto" in meta["recipes"]
+    assert "no recipe ships" in meta["auto"]["reason"]
+    with pytest.raises(ValueError, match="runs in bfloat16; the run loads the target in float32"):
+        bench.run(target=model, tokenizer=tokenizer, methods=["hf"], prompts=["t5"], max_new_tokens=2,
+                  recipes={"bf16": Recipe(dtype="bfloat16")})
+
+
+def test_bench_keeps_plain_baselines_when_a_recipe_packs_the_target():
+    model, tokenizer = tiny_causal_lm("llama").to(torch.bfloat16), tiny_tokenizer()
+    results = bench.run(target=model, tokenizer=tokenizer, methods=["hf", "hf-prompt-lookup"], prompts=["t5 t6"],
+                        max_new_tokens=4, dtype="bfloat16",
+                        recipes={"packed": Recipe(dtype="bfloat16", pack=True)})
+    assert models.is_packed(model)
+    reprs = results.meta["method_reprs"]
+    assert "stock_kernels=True" in reprs["hf"] and "stock_kernels=True" in reprs["hf-prompt-lookup"]
