@@ -47,13 +47,14 @@ def load_draft(recipe: Recipe, tokenizer: Any) -> Model | None:
 
 
 def build(recipe: Recipe, model: Model, tokenizer: Any = None, *, draft: Model | None = None,
-          cache_length: int = 0) -> Built:
+          cache_length: int = 0, prefill_chunk: int | None = None) -> Built:
     """The verifier and method ``recipe`` names, for ``model`` already loaded as the recipe says.
 
     ``tokenizer``: the target's (needed to load datastores); ``draft``: the loaded draft model of a ``leviathan``
     part; ``cache_length``: the least static cache length (static verifier and drafting), e.g. the longest prompt
-    plus the budget, so that no cache grows (and recompiles) while decoding. Raises ``ValueError`` when something
-    the recipe needs is missing.
+    plus the budget, so that no cache grows (and recompiles) while decoding; ``prefill_chunk``: the static verifier's
+    (:class:`specprim.hf.StaticTarget`; ``0``, an eager prefill, compiles one graph less for a single prompt).
+    Raises ``ValueError`` when something the recipe needs is missing.
     """
     datastore = None
     if recipe.datastores:
@@ -71,5 +72,6 @@ def build(recipe: Recipe, model: Model, tokenizer: Any = None, *, draft: Model |
         method = dataclasses.replace(method, drafter=static_drafting(method.drafter, min_cache_length=cache_length))
     verifier: Model | StaticTarget = model
     if recipe.verifier != "eager":
-        verifier = StaticTarget(model, compile=recipe.verifier == "compiled", min_cache_length=cache_length)
+        verifier = StaticTarget(model, compile=recipe.verifier == "compiled", min_cache_length=cache_length,
+                                prefill_chunk=prefill_chunk, min_padded=recipe.min_padded)
     return Built(verifier=verifier, method=method)

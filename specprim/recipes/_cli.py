@@ -30,6 +30,8 @@ _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
                                          "compiled (static, torch.compiled: the fast CPU path, compiles first)")),
     "--static-verify": ("verifier", dict(action="store_const", const="compiled",
                                          help="the same as --verifier compiled")),
+    "--min-padded": ("min_padded", dict(type=int, help="the static verifier pads trees to at least this many tokens "
+                                                         "(one compiled shape for all small trees)")),
     "--static-draft": ("static_draft", dict(action="store_true",
                                             help="draft through static, compiled draft LMs and EAGLE heads")),
     "--draft": ("draft", dict(help="draft model for leviathan (a known name, path or hub id)")),

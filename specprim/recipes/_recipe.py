@@ -42,6 +42,8 @@ class Recipe:
         compile: ``torch.compile`` the models' own forward (not with ``pack``).
         verifier: ``eager`` (the model's forward), ``static`` (a static KV cache, trees padded to a few sizes) or
             ``compiled`` (the static verifier compiled with static shapes: the fast CPU path, compiles first).
+        min_padded: the static verifier pads every tree to at least this many tokens (with the root), so smaller
+            trees reuse a larger shape's compiled graph instead of compiling their own.
         static_draft: draft through static, compiled copies of draft LMs and EAGLE heads.
         draft: the draft model of ``leviathan`` (a known name, path or hub id).
         draft_quantize: weight-only quantization of the draft model.
@@ -64,6 +66,7 @@ class Recipe:
     pack: bool = False
     compile: bool = False
     verifier: str = "eager"
+    min_padded: int = 0
     static_draft: bool = False
     draft: str | None = None
     draft_quantize: str | None = None
@@ -94,7 +97,7 @@ class Recipe:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         for name, least in (("draft_vocab", 1), ("exit_layer", 1), ("num_draft", 1), ("max_nodes", 1),
-                            ("warmup_tokens", 0)):
+                            ("warmup_tokens", 0), ("min_padded", 0)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
@@ -105,6 +108,8 @@ class Recipe:
             raise ValueError("pack and compile exclude each other: compiling with freezing packs the weights itself")
         if self.pack and self.dtype != "bfloat16":
             raise ValueError(f"pack pre-packs bfloat16 linears; the recipe's dtype is {self.dtype}")
+        if self.min_padded and self.verifier == "eager":
+            raise ValueError("min_padded pads the static verifier's trees; the recipe verifies eagerly")
         parts = self.method.split("+")
         if self.max_nodes is not None and len(parts) == 1:
             raise ValueError(f"max_nodes caps a union's merged tree; {self.method!r} is a single method")
