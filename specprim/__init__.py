@@ -9,12 +9,15 @@ from specprim import (
     hf,
     masks,
     models,
+    presets,
+    recipes,
     residual,
     sampling,
     speedup,
     trees,
 )
 from specprim._batch import BatchGenerateOutput
+from specprim._generate import TextGeneration, generate
 from specprim._loop import GenerateOutput, speculative_generate
 from specprim._stats import GenerationStats
 from specprim._types import DraftTree, Verdict, truncate_tree
@@ -26,12 +29,16 @@ __all__ = [
     "DraftTree",
     "GenerateOutput",
     "GenerationStats",
+    "TextGeneration",
     "Verdict",
     "acceptance",
     "drafters",
+    "generate",
     "hf",
     "masks",
     "models",
+    "presets",
+    "recipes",
     "residual",
     "sampling",
     "speculative_generate",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -15,6 +16,13 @@ from specprim.hf import HFTarget, StaticTarget
 from specprim.sampling import SamplingConfig
 
 AcceptanceRule = Callable[..., Verdict]
+
+
+class Buildable(Protocol):
+    """What ``speculative_generate(recipe=...)`` takes: something that builds a verifier and a method (drafter and
+    acceptance rule) for a target, e.g. :class:`specprim.recipes.Recipe`."""
+
+    def build(self, model: torch.nn.Module) -> Any: ...
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,8 +38,8 @@ def speculative_generate(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
-    drafter: Drafter | Sequence[Drafter],
-    acceptance: AcceptanceRule,
+    drafter: Drafter | Sequence[Drafter] | None = None,
+    acceptance: AcceptanceRule | None = None,
     max_new_tokens: int,
     temperature: float = 0.0,
     top_k: int | None = None,
@@ -40,6 +48,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     streamer: object | None = None,
     pad_token_id: int | None = None,
+    recipe: Buildable | None = None,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (1, T) with speculative decoding.
 
@@ -53,6 +62,9 @@ def speculative_generate(
     accepted block. ``generator`` is the only source of randomness (it must live on the target's input device).
     ``streamer`` receives the prompt, then each step's new tokens, like ``model.generate``'s streamer.
 
+    ``recipe`` (a :class:`specprim.recipes.Recipe`, or anything whose ``build(target)`` gives a ``verifier`` and a
+    ``method``) replaces ``drafter`` and ``acceptance``: the run is the recipe's, on ``target`` loaded as it says.
+
     ``target`` is the Hugging Face causal LM, or a :class:`specprim.hf.StaticTarget` wrapping it: verification
     with a static KV cache and padded trees, optionally ``torch.compile``d (see ``docs/generate.md``).
 
@@ -65,6 +77,19 @@ def speculative_generate(
     or a greedy-only rule under sampling; ``FloatingPointError`` for NaN or +inf target logits.
     """
     from specprim._batch import batch_generate, wants_batch
+
+    if recipe is not None:
+        if drafter is not None or acceptance is not None:
+            raise ValueError("pass a recipe, or a drafter and an acceptance rule, not both")
+        built = recipe.build(target)
+        return built.method.generate(
+            built.verifier, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, generator=generator, streamer=streamer,
+            pad_token_id=pad_token_id,
+        )
+    if drafter is None or acceptance is None:
+        raise ValueError("speculative_generate needs a drafter and an acceptance rule, or a recipe")
 
     if wants_batch(input_ids, attention_mask, drafter):
         if isinstance(target, StaticTarget):

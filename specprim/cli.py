@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprim import models, presets, recipes
+from specprim._generate import chat_input_ids
 from specprim.bench import add_bench_parser
 from specprim.drafters import Datastore
 from specprim.hf import QUERY_BUCKETS
@@ -19,17 +20,6 @@ from specprim.train._campaign_cli import add_campaign_parser
 from specprim.train._cli import add_train_parser
 
 AUTO = "auto"
-
-
-def chat_input_ids(tokenizer, prompt: str) -> torch.Tensor:
-    """(1, T) ids of ``prompt`` as one user turn, rendered with the tokenizer's chat template if it has one."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-        )
-    else:
-        text = prompt
-    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
 
 
 def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from _tiny import tiny_causal_lm, tiny_tokenizer
 
+import specprim
 from specprim import bench, cli, models, recipes
 from specprim.acceptance import Greedy, TypicalAcceptance
 from specprim.hf import StaticTarget
@@ -165,3 +166,36 @@ def test_bench_keeps_plain_baselines_when_a_recipe_packs_the_target():
     assert models.is_packed(model)
     reprs = results.meta["method_reprs"]
     assert "stock_kernels=True" in reprs["hf"] and "stock_kernels=True" in reprs["hf-prompt-lookup"]
+
+
+def test_speculative_generate_takes_a_recipe_instead_of_drafter_and_rule():
+    model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
+    ids = tokenizer("t5 t6 t7 t8 t5 t6 t7", return_tensors="pt").input_ids
+    out = specprim.speculative_generate(model, ids, recipe=Recipe(num_draft=2, verifier="static"), max_new_tokens=10)
+    plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)
+    assert torch.equal(out.sequences, plain) and out.stats.tau > 1
+    with pytest.raises(ValueError, match="not both"):
+        specprim.speculative_generate(model, ids, recipe=Recipe(), acceptance=Greedy(), max_new_tokens=2)
+    with pytest.raises(ValueError, match="needs a drafter and an acceptance rule, or a recipe"):
+        specprim.speculative_generate(model, ids, max_new_tokens=2)
+
+
+def test_generate_answers_text_with_a_recipe_and_streams(tmp_path):
+    from transformers import TextStreamer
+
+    target = tmp_path / "target"
+    model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
+    model.save_pretrained(target)
+    tokenizer.save_pretrained(target)
+    streamed = []
+
+    class Collect(TextStreamer):
+        def on_finalized_text(self, text, stream_end=False):
+            streamed.append(text)
+
+    result = specprim.generate("t5 t6 t7 t5 t6", target=str(target), max_new_tokens=8,
+                               streamer=Collect(tokenizer, skip_prompt=True))
+    assert result.recipe == Recipe() and len(result.output.sequences[0]) > 5
+    assert "".join(streamed).strip() == result.text.strip()
+    again = specprim.generate("t5 t6 t7 t5 t6", target=str(target), max_new_tokens=8, recipe=Recipe(num_draft=2))
+    assert again.text == result.text  # greedy, lossless: the same answer with another drafter

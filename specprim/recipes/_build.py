@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from specprim import models, presets
-from specprim.acceptance import RULES
-from specprim.drafters import static_drafting
 from specprim.hf import StaticTarget, check_tokenizers_compatible
-from specprim.recipes._recipe import Recipe
+
+if TYPE_CHECKING:
+    from specprim.recipes._recipe import Recipe
 
 Model = torch.nn.Module
 
@@ -48,30 +48,5 @@ def load_draft(recipe: Recipe, tokenizer: Any) -> Model | None:
 
 def build(recipe: Recipe, model: Model, tokenizer: Any = None, *, draft: Model | None = None,
           cache_length: int = 0, prefill_chunk: int | None = None) -> Built:
-    """The verifier and method ``recipe`` names, for ``model`` already loaded as the recipe says.
-
-    ``tokenizer``: the target's (needed to load datastores); ``draft``: the loaded draft model of a ``leviathan``
-    part; ``cache_length``: the least static cache length (static verifier and drafting), e.g. the longest prompt
-    plus the budget, so that no cache grows (and recompiles) while decoding; ``prefill_chunk``: the static verifier's
-    (:class:`specprim.hf.StaticTarget`; ``0``, an eager prefill, compiles one graph less for a single prompt).
-    Raises ``ValueError`` when something the recipe needs is missing.
-    """
-    datastore = None
-    if recipe.datastores:
-        if tokenizer is None:
-            raise ValueError("a recipe with datastores needs the target's tokenizer")
-        datastore = models.load_datastore(list(recipe.datastores), tokenizer)
-    method = presets.from_name(
-        recipe.method, target=model, draft=draft, head=recipe.head, num_draft=recipe.num_draft,
-        exit_layer=recipe.exit_layer, tree=recipe.tree, draft_vocab_size=recipe.draft_vocab, datastore=datastore,
-        max_nodes=recipe.max_nodes,
-    )
-    if recipe.acceptance != "speculative":
-        method = dataclasses.replace(method, acceptance=RULES[recipe.acceptance]())
-    if recipe.static_draft:
-        method = dataclasses.replace(method, drafter=static_drafting(method.drafter, min_cache_length=cache_length))
-    verifier: Model | StaticTarget = model
-    if recipe.verifier != "eager":
-        verifier = StaticTarget(model, compile=recipe.verifier == "compiled", min_cache_length=cache_length,
-                                prefill_chunk=prefill_chunk, min_padded=recipe.min_padded)
-    return Built(verifier=verifier, method=method)
+    """``recipe.build(...)`` (see :meth:`specprim.recipes.Recipe.build`)."""
+    return recipe.build(model, tokenizer, draft=draft, cache_length=cache_length, prefill_chunk=prefill_chunk)

@@ -17,7 +17,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from specprim import models, presets
 from specprim.acceptance import RULES
+from specprim.drafters import static_drafting
+from specprim.hf import StaticTarget
+from specprim.recipes._build import Built
+from specprim.trees import parse_tree
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -81,9 +86,6 @@ class Recipe:
     warmup_tokens: int = 8
 
     def __post_init__(self) -> None:
-        from specprim import presets
-        from specprim.trees import parse_tree
-
         if isinstance(self.datastores, (str, os.PathLike)) or not isinstance(self.datastores, (list, tuple)):
             raise ValueError(f"datastores must be a list of names or files, got {self.datastores!r}")
         object.__setattr__(self, "datastores", tuple(os.fspath(d) for d in self.datastores))
@@ -139,6 +141,38 @@ class Recipe:
         changes += [f"{self.quantize} weights"] if self.quantize else []
         changes += ["compiled forwards"] if self.verifier == "compiled" or self.compile else []
         return ", ".join(changes) or None
+
+    def build(self, model: Any, tokenizer: Any = None, *, draft: Any = None, cache_length: int = 0,
+              prefill_chunk: int | None = None) -> Built:
+        """The verifier and method this recipe names, for ``model`` already loaded as the recipe says
+        (:func:`specprim.recipes.load_target`).
+
+        ``tokenizer``: the target's (needed to load datastores); ``draft``: the loaded draft model of a
+        ``leviathan`` part; ``cache_length``: the least static cache length (static verifier and drafting), e.g. the
+        longest prompt plus the budget, so that no cache grows (and recompiles) while decoding; ``prefill_chunk``:
+        the static verifier's (:class:`specprim.hf.StaticTarget`; ``0``, an eager prefill, compiles one graph less
+        for a single prompt). Raises ``ValueError`` when something the recipe needs is missing.
+        """
+        datastore = None
+        if self.datastores:
+            if tokenizer is None:
+                raise ValueError("a recipe with datastores needs the target's tokenizer")
+            datastore = models.load_datastore(list(self.datastores), tokenizer)
+        method = presets.from_name(
+            self.method, target=model, draft=draft, head=self.head, num_draft=self.num_draft,
+            exit_layer=self.exit_layer, tree=self.tree, draft_vocab_size=self.draft_vocab, datastore=datastore,
+            max_nodes=self.max_nodes,
+        )
+        if self.acceptance != "speculative":
+            method = dataclasses.replace(method, acceptance=RULES[self.acceptance]())
+        if self.static_draft:
+            method = dataclasses.replace(method, drafter=static_drafting(method.drafter,
+                                                                         min_cache_length=cache_length))
+        verifier = model
+        if self.verifier != "eager":
+            verifier = StaticTarget(model, compile=self.verifier == "compiled", min_cache_length=cache_length,
+                                    prefill_chunk=prefill_chunk, min_padded=self.min_padded)
+        return Built(verifier=verifier, method=method)
 
     def changes(self) -> dict[str, Any]:
         """The fields that differ from their defaults, in field order (``method`` always)."""
