@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import torch
+from transformers import GenerationConfig
 
 from specprim._stats import GenerationStats
 from specprim._types import DraftTree, TargetFeatures, Verdict, truncate_tree
@@ -49,6 +50,7 @@ def speculative_generate(
     streamer: object | None = None,
     pad_token_id: int | None = None,
     recipe: Buildable | None = None,
+    generation_config: GenerationConfig | None = None,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (1, T) with speculative decoding.
 
@@ -65,6 +67,12 @@ def speculative_generate(
     ``recipe`` (a :class:`specprim.recipes.Recipe`, or anything whose ``build(target)`` gives a ``verifier`` and a
     ``method``) replaces ``drafter`` and ``acceptance``: the run is the recipe's, on ``target`` loaded as it says.
 
+    ``generation_config`` (a ``transformers.GenerationConfig``, e.g. ``model.generation_config``) gives the
+    ``eos_token_id`` and ``pad_token_id`` not passed, and the sampling when its ``do_sample`` is on and
+    ``temperature`` is not given; without it, ``eos_token_id=None`` stops at no token. A one-row ``attention_mask``
+    is a batch of one: its left padding is dropped and the call returns a ``GenerateOutput``, like a call without
+    it.
+
     ``target`` is the Hugging Face causal LM, or a :class:`specprim.hf.StaticTarget` wrapping it: verification
     with a static KV cache and padded trees, optionally ``torch.compile``d (see ``docs/generate.md``).
 
@@ -78,6 +86,16 @@ def speculative_generate(
     """
     from specprim._batch import batch_generate, wants_batch
 
+    config = generation_config
+    if config is not None and eos_token_id is None:
+        eos_token_id = config.eos_token_id
+    if config is not None and pad_token_id is None:
+        pad_token_id = config.pad_token_id
+    if config is not None and config.do_sample and temperature == 0:
+        temperature = generation_config.temperature if generation_config.temperature is not None else 1.0
+        top_k = top_k if top_k is not None else (generation_config.top_k or None)
+        top_p = top_p if top_p is not None else generation_config.top_p
+    input_ids, attention_mask = _one_unpadded_row(input_ids, attention_mask, drafter)
     if recipe is not None:
         if drafter is not None or acceptance is not None:
             raise ValueError("pass a recipe, or a drafter and an acceptance rule, not both")
@@ -178,6 +196,21 @@ def check_decodes(acceptance: AcceptanceRule, drafters: Sequence[Drafter], sampl
             raise ValueError(f"{drafter!r} drafts for greedy decoding only (e.g. a union with a sampled: tree, whose "
                              "nodes would lose the q they were drawn from); use temperature=0, a deterministic tree, "
                              "or the sampling drafter alone")
+
+
+def _one_unpadded_row(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                      drafter: object) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A (1, T) prompt with a (1, T) mask and one drafter, as the same prompt without the mask's left padding and
+    without a mask (the single-sequence path); anything else as it is. Raises ``ValueError`` for a one-row mask
+    with holes after its first kept position."""
+    if (attention_mask is None or isinstance(drafter, (list, tuple)) or not isinstance(input_ids, torch.Tensor)
+            or input_ids.dim() != 2 or input_ids.shape[0] != 1 or attention_mask.shape != input_ids.shape):
+        return input_ids, attention_mask
+    keep = attention_mask[0].bool()  # (T,)
+    first = int(keep.int().argmax()) if bool(keep.any()) else keep.numel()
+    if not bool(keep[first:].all()):
+        raise ValueError("attention_mask must be left padding (zeros, then ones) for a batch of one")
+    return input_ids[:, first:], None
 
 
 def _check_prompt(input_ids: torch.Tensor) -> torch.Tensor:

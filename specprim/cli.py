@@ -136,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specprim", description="Speculative decoding primitives.")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser(
-        "generate", help="speculative generation; prints the text, tau and the speedup over plain decoding"
+        "generate", help="speculative generation; prints the text, tau and the speedup over plain decoding",
+        epilog=f"shipped heads: {', '.join(models.known_heads()) or 'none'}. shipped recipes: "
+               f"{', '.join(recipes.shipped_recipes()) or 'none'}. See docs/recipes.md.",
     )
     gen.add_argument("--target", default="smollm2-135m-instruct",
                      help=f"target model: one of {sorted(models.KNOWN_MODELS)}, a local path or a hub id")

@@ -9,7 +9,7 @@ from _tiny import VOCAB, tiny_causal_lm
 from scipy import stats as scipy_stats
 
 import specprim._batch as batch_module
-from specprim import DraftTree, speculative_generate
+from specprim import DraftTree, GenerateOutput, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
 from specprim.drafters import DraftRequest, EagleHead, ModelDrafter, PromptLookup, eagle_drafter
 from specprim.hf._batched_target import BatchedHFTarget
@@ -212,7 +212,10 @@ def test_batch_of_one_with_padding_equals_the_unpadded_run():
     ids = torch.cat([torch.zeros(1, 3, dtype=torch.long), prompt[None]], dim=1)
     mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 6, dtype=torch.long)], dim=1)
     out = speculative_generate(target, ids, mask, drafter=PromptLookup(), acceptance=Greedy(), max_new_tokens=12)
-    assert torch.equal(out.sequences[0, 3:], hf_greedy(target, prompt, 12))
+    assert type(out) is GenerateOutput  # a one-row mask is a batch of one: the single-sequence path, unpadded
+    assert torch.equal(out.sequences[0], hf_greedy(target, prompt, 12))
+    with pytest.raises(ValueError, match="must be left padding"):
+        speculative_generate(target, ids, mask.flip(1), drafter=PromptLookup(), acceptance=Greedy(), max_new_tokens=2)
     out = speculative_generate(target, prompt[None], drafter=[PromptLookup()], acceptance=Greedy(),
                                max_new_tokens=12)
     assert torch.equal(out.sequences[0], hf_greedy(target, prompt, 12)) and len(out.row_stats) == 1

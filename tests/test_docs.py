@@ -10,8 +10,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
-SUBPACKAGES = ["acceptance", "bench", "drafters", "hf", "kernels", "masks", "models", "presets", "residual", "sampling",
-               "speedup", "testing", "trees"]
+SUBPACKAGES = ["acceptance", "bench", "drafters", "hf", "kernels", "masks", "models", "presets", "recipes", "residual",
+               "sampling", "speedup", "testing", "trees"]
 
 
 def _nav_pages(nav) -> list[str]:

@@ -271,3 +271,45 @@ def test_early_exit_view_does_not_run_the_targets_hooks():
     out_steps = len(calls)
     drafter.model.model(torch.tensor([[3, 4]]))
     assert len(calls) == out_steps  # the view's own forward did not fire the target's hook
+
+
+def test_a_generation_config_gives_eos_pad_and_sampling_like_generate():
+    from transformers import GenerationConfig
+
+    target = tiny_causal_lm("llama", seed=3)
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5]])
+    free = speculative_generate(target, ids, drafter=PromptLookup(), acceptance=Greedy(), max_new_tokens=16,
+                                eos_token_id=[])
+    stop = int(free.sequences[0, ids.shape[1] + 4])  # a token the run emits: made the model's EOS below
+    target.generation_config.eos_token_id = stop
+    plain = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                            pad_token_id=stop)  # stops at the config's EOS
+    out = speculative_generate(target, ids, drafter=PromptLookup(), acceptance=Greedy(), max_new_tokens=16,
+                               generation_config=target.generation_config)
+    assert out.sequences.shape[1] < free.sequences.shape[1] and int(out.sequences[0, -1]) == stop
+    assert torch.equal(out.sequences[0], plain[0, : out.sequences.shape[1]])
+    config = GenerationConfig(eos_token_id=None, do_sample=True, temperature=0.5)
+    sampled = speculative_generate(target, ids, drafter=PromptLookup(), acceptance=SpeculativeSampling(),
+                                   max_new_tokens=16, generation_config=config, generator=torch.Generator())
+    assert sampled.sequences.shape[1] == ids.shape[1] + 16  # that config's own EOS (none), and it samples
+
+
+def test_a_one_row_attention_mask_streams_like_a_call_without_it():
+    target = tiny_causal_lm("llama", seed=3)
+    ids = torch.tensor([[5, 6, 7, 5, 6, 7, 5]])
+    streamed = []
+
+    class Collect(TextStreamer):
+        def __init__(self):
+            pass
+
+        def put(self, value):
+            streamed.append(value.reshape(-1).tolist())
+
+        def end(self):
+            streamed.append("end")
+
+    out = speculative_generate(target, ids, torch.ones_like(ids), drafter=PromptLookup(), acceptance=Greedy(),
+                               max_new_tokens=8, eos_token_id=[], streamer=Collect())
+    assert streamed[0] == ids[0].tolist() and streamed[-1] == "end"
+    assert sum(streamed[1:-1], []) == out.sequences[0, ids.shape[1]:].tolist()
