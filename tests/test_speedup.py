@@ -326,3 +326,26 @@ def test_tune_cli_accepts_one_tree_method_optionally_with_prompt_lookup():
     text = lookup_report(LookupChoice(rows), "eagle3", "dynamic:depth=1,top_k=3,budget=3")
     assert "| 6 (best) |" in text
     assert "best: --method eagle3+prompt-lookup --num-draft 6 --tree dynamic:depth=1,top_k=3,budget=3" in text
+
+
+def test_tune_reads_a_recipe_and_measures_its_tree_part():
+    import argparse
+
+    from specprim.recipes import load_recipe
+    from specprim.speedup._cli import _recipes
+
+    def args(**given):
+        fields = dict(recipe=None, method=None, dtype=None, head=None, draft=None, exit_layer=None, pack=False,
+                      compile=False, static_verify=False)
+        return argparse.Namespace(**{**fields, **given})
+
+    shipped = load_recipe("smollm2-135m-instruct-eagle3:greedy")
+    namespace = args(recipe="smollm2-135m-instruct-eagle3:greedy")
+    tuned, measured = _recipes(namespace)
+    assert tuned == shipped and namespace.method == "eagle3+prompt-lookup"
+    assert (measured.method, measured.tree, measured.datastores, measured.max_nodes) == ("eagle3", None, (), None)
+    assert (measured.dtype, measured.pack, measured.verifier) == ("bfloat16", True, "compiled")
+    tuned, measured = _recipes(args(method="early-exit", exit_layer=1, static_verify=True))
+    assert (measured.method, measured.exit_layer, measured.verifier) == ("early-exit", 1, "compiled")
+    with pytest.raises(ValueError, match="pass --method"):
+        _recipes(args())

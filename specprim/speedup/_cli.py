@@ -4,8 +4,10 @@ it predicts is fastest (pass it to ``generate`` / ``bench`` as ``--tree``)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -55,8 +57,10 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
                     "the best tree of every size. See docs/speedup.md.",
     )
     tune.add_argument("--target", default="smollm2-135m-instruct", help="a known name, a local path or a hub id")
-    tune.add_argument("--method", type=_tunable_method, required=True,
-                      help=f"one of {_tree_presets()}, optionally joined "
+    tune.add_argument("--recipe", help="tune this recipe (a shipped name or TOML file): its loading, verifier, "
+                                       "head and draft; prints the recipe with the tuned tree")
+    tune.add_argument("--method", type=_tunable_method,
+                      help=f"(default: the recipe's drafter) one of {_tree_presets()}, optionally joined "
                            "with prompt-lookup ('eagle3+prompt-lookup': the tree is tuned first, then the lookup "
                            "length by replay)")
     tune.add_argument("--draft", help="draft model for leviathan")
@@ -67,7 +71,7 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     tune.add_argument("--max-new-tokens", type=int, default=128,
                       help="tokens per prompt (3 x 48 tokens measured r[1][0] 0.22 where 6 x 128 measured 0.33)")
     tune.add_argument("--max-nodes", type=int, default=64, help="largest tree considered")
-    tune.add_argument("--dtype", choices=sorted(DTYPES), default="float32")
+    tune.add_argument("--dtype", choices=sorted(DTYPES), help="(default: the recipe's, else float32)")
     tune.add_argument("--pack", action="store_true",
                       help="pre-pack the bfloat16 models' linears for oneDNN (tune for the kernels you will run)")
     tune.add_argument("--compile", action="store_true",
@@ -84,38 +88,32 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def tune_command(args: argparse.Namespace) -> int:
-    from specprim import models, presets
+    from specprim import presets
     from specprim.bench._datasets import load_dataset
     from specprim.bench._prompts import conversation_ids
-    from specprim.hf import StaticTarget, check_tokenizers_compatible
+    from specprim.hf import StaticTarget
+    from specprim.recipes import load_draft, load_target
     from specprim.speedup._tune import tune
     from specprim.speedup._union import tune_lookup
 
-    kernels = {"pack": args.pack, "compile": args.compile}
     try:
-        target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype], **kernels)
-        draft = None
-        if args.draft:
-            draft, draft_tokenizer = models.load(args.draft, dtype=DTYPES[args.dtype], **kernels)
-            check_tokenizers_compatible(tokenizer, draft_tokenizer)
+        tuned_recipe, recipe = _recipes(args)
+        target, tokenizer = load_target(recipe, args.target)
+        draft = load_draft(recipe, tokenizer)
+        tree_name = next(p for p in args.method.split("+") if p != LOOKUP)
+        method = presets.from_name(tree_name, target=target, draft=draft, head=recipe.head,
+                                   exit_layer=recipe.exit_layer)
     except ValueError as error:
-        raise SystemExit(f"specprim tune: {error}") from error
-    tree_name = next(p for p in args.method.split("+") if p != LOOKUP)
-    try:
-        method = presets.from_name(tree_name, target=target, draft=draft, head=args.head,
-                                   exit_layer=args.exit_layer)
-    except ValueError as error:
-        raise SystemExit(f"specprim tune: {error}") from error
+        raise SystemExit(f"specprim tune: error: {error}") from error
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
     try:
-        verifier = StaticTarget(target) if args.static_verify else target
+        verifier = target if recipe.verifier == "eager" else StaticTarget(
+            target, compile=recipe.verifier == "compiled", min_padded=recipe.min_padded)
     except TypeError as error:
         raise SystemExit(f"specprim tune: {error}") from error
     result = tune(verifier, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
                   repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
-    setting = args.dtype + (", packed" if args.pack else "") + (", compiled" if args.compile else "")
-    setting += ", static compiled verification" if args.static_verify else ""
-    print(report(result, f"{tree_name} on {args.target} ({setting}), {len(prompts)} {args.dataset} prompts"))
+    print(report(result, f"{tree_name} on {args.target} ({recipe}), {len(prompts)} {args.dataset} prompts"))
     record = result.to_json()
     if tree_name != args.method:
         if not result.choice.paths:
@@ -126,10 +124,39 @@ def tune_command(args: argparse.Namespace) -> int:
                                  max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
             print("\n" + lookup_report(lookup, tree_name, result.choice.spec()))
             record["lookup"] = lookup.to_json()
+    if result.choice.paths and args.recipe is not None:
+        tuned = dataclasses.replace(tuned_recipe, tree=result.choice.spec())
+        print(f"\ntuned recipe: {tuned}")
+        record["recipe"] = repr(tuned)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1))
     return 0
+
+
+def _recipes(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The recipe being tuned (``--recipe`` or the defaults, with the options typed here on top) and the one tune
+    measures with: its tree-shaped drafter alone, on the same loading and verifier. ``--method`` defaults to the
+    recipe's drafter without its datastore part."""
+    from specprim.recipes import Recipe, load_recipe
+
+    base = load_recipe(args.recipe) if args.recipe is not None else Recipe()
+    if args.method is None:
+        if args.recipe is None:
+            raise ValueError("pass --method (or --recipe)")
+        try:
+            args.method = _tunable_method("+".join(p for p in base.method.split("+") if p != "datastore"))
+        except argparse.ArgumentTypeError as error:
+            raise ValueError(str(error)) from error
+    typed = {name: value for name, value in (("dtype", args.dtype), ("head", args.head), ("draft", args.draft),
+                                               ("exit_layer", args.exit_layer)) if value is not None}
+    typed |= {name: True for name in ("pack", "compile") if getattr(args, name)}
+    if args.static_verify:
+        typed["verifier"] = "compiled"
+    tuned = dataclasses.replace(base, **typed)
+    tree_part = next(p for p in args.method.split("+") if p != LOOKUP)
+    measured = dataclasses.replace(tuned, method=tree_part, max_nodes=None, datastores=(), num_draft=None, tree=None)
+    return tuned, measured
 
 
 def report(result: object, title: str) -> str:
