@@ -10,12 +10,16 @@ fingerprint) and a ``README.md`` card (what the text is, how it was made, measur
 from __future__ import annotations
 
 import json
+import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from specprim.models._load import cache_dir
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["BUILT_DATASTORES", "DATASTORES_DIR", "datastore_path", "known_datastores", "load_datastore", "read_texts"]
 
@@ -93,8 +97,11 @@ def _built_path(name: str, tokenizer: Any, datastore_class: Any) -> Path:
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
         staged = path.with_name(f".{path.stem}.{os.getpid()}.npz")
+        logger.info("building the %s datastore for this tokenizer (once; about a minute) into %s", name, path)
+        start = time.perf_counter()
         datastore_class.from_texts(BUILT_DATASTORES[name](), tokenizer).save(staged)
         os.replace(staged, path)
+        logger.info("built the %s datastore in %.1f s", name, time.perf_counter() - start)
     return path
 
 
