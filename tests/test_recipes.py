@@ -152,7 +152,7 @@ def test_bench_runs_recipes_and_auto_and_logs_them(tmp_path):
     assert all(r.identical for r in results.results)
     meta = json.loads(path.read_text())["meta"]
     assert meta["recipes"]["two"].startswith("Recipe(method='prompt-lookup'") and "auto" in meta["recipes"]
-    assert "no recipe ships" in meta["auto"]["reason"]
+    assert "no recipe ships" in meta["auto"]["reason"] and meta["settings"]["dataset"] == "custom"
     with pytest.raises(ValueError, match="runs in bfloat16; the run loads the target in float32"):
         bench.run(target=model, tokenizer=tokenizer, methods=["hf"], prompts=["t5"], max_new_tokens=2,
                   recipes={"bf16": Recipe(dtype="bfloat16")})

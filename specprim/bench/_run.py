@@ -261,8 +261,8 @@ def run(
     if AUTO in methods:
         chosen = auto(target if isinstance(target, str) else model, temperature=temperature, dtype=dtype)
         recipe_map[AUTO] = chosen.recipe
-    for label, recipe in recipe_map.items():
-        _check_recipe_fits(label, recipe, dtype, quantize)
+    for name, recipe in recipe_map.items():
+        _check_recipe_fits(name, recipe, dtype, quantize)
         if recipe.pack and not is_packed(model):
             models.pack_weights(model)
             context = dataclasses.replace(context, stock_baselines=True)
@@ -273,11 +273,11 @@ def run(
     _check_decodes(method_map, decoding)
     if static_draft:
         method_map = _drafting_statically(method_map, cache_length)
-    for label, recipe in recipe_map.items():
+    for name, recipe in recipe_map.items():
         built = build_recipe(recipe, model, tokenizer, draft=draft_model, cache_length=cache_length)
         verifier = built.verifier if isinstance(built.verifier, StaticTarget) else None
-        method_map[label] = SpecprimGenerate(target=model, method=built.method, verifier=verifier)
-    _check_decodes({label: method_map[label] for label in recipe_map}, decoding)
+        method_map[name] = SpecprimGenerate(target=model, method=built.method, verifier=verifier)
+    _check_decodes({name: method_map[name] for name in recipe_map}, decoding)
     costs = None
     if predict:
         first = conversation_ids(tokenizer, prompt_list[0].turns[:1], [])
@@ -308,7 +308,7 @@ def run(
         "load_average": {"before": load_before, "after": load_average()},
         "memory_probe": PeakMemory(input_device(model)).method,
         "method_reprs": {name: repr(method) for name, method in method_map.items()},
-        "recipes": {label: repr(recipe) for label, recipe in recipe_map.items()},
+        "recipes": {name: repr(recipe) for name, recipe in recipe_map.items()},
         "auto": None if chosen is None else {"reason": chosen.reason, "expected_speedup": chosen.expected_speedup},
     }
     results = BenchResults(results=tuple(summaries), prompts=tuple(rows), meta=meta)
