@@ -65,15 +65,6 @@ class Method:
         return speculative_generate(target, input_ids, drafter=self.drafter, acceptance=acceptance, **kwargs)
 
 
-DRAFT_VOCAB_HELP = ("restrict leviathan's --draft model to this many token ids (its special ids plus the smallest "
-                    "others; only those LM-head rows are computed)")
-
-DATASTORE_HELP = ("the corpus of --method datastore (repeatable: one datastore over all): a known name "
-                  "(smollm2-135m-instruct-answers, shipped; sharegpt, built for the target's tokenizer on first "
-                  "use) or a file written by Datastore.save")
-MAX_NODES_HELP = "cap a union's merged tree (methods joined by '+') at this many nodes, its first drafter's first"
-
-
 def leviathan(
     draft_model: torch.nn.Module, k: int = 4, tree: TreeBuilder | None = None, draft_vocab_size: int | None = None
 ) -> Method:
