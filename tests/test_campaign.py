@@ -294,3 +294,28 @@ def test_adapt_threads_leaves_the_cpus_other_processes_keep_busy(monkeypatch):
     assert busy is None or 0 <= busy <= (__import__("os").cpu_count() or 1) + 1e-6
     with pytest.raises(SystemExit, match="--threads must be a number >= 1 or 'auto'"):
         cli.main(["campaign", "run", "unused", "--threads", "two"])
+
+
+def test_status_says_when_the_process_of_the_stage_is_gone_or_stopped():
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from specprim.train._campaign import _process_note
+
+    assert _process_note(os.getpid()) == "" and _process_note(None) == ""
+    child = subprocess.Popen(["sleep", "30"])
+    try:
+        os.kill(child.pid, signal.SIGSTOP)
+        child_state = ""
+        for _ in range(100):  # the stop is delivered asynchronously
+            child_state = _process_note(child.pid)
+            if child_state:
+                break
+            time.sleep(0.01)
+        assert f"process {child.pid} is stopped (`kill -CONT {child.pid}` continues it)" in child_state
+    finally:
+        child.kill()
+        child.wait()
+    assert "is not running" in _process_note(child.pid)

@@ -931,16 +931,22 @@ def _eta(tokens: float, trainable: float, ratio: float, generated_per_cached: fl
 _ACTIVE = ("self-distillation", "feature caching", "training")
 
 
-def _alive(pid: int | None) -> bool:
+def _process_note(pid: int | None) -> str:
+    """What the status line says about the process of the stage in progress: nothing while it runs."""
     if pid is None:
-        return False
+        return ""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return False
+        return f"; process {pid} is not running (rerun `specprim campaign run` to resume)"
     except PermissionError:
-        return True
-    return True
+        return ""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+    return f"; process {pid} is stopped (`kill -CONT {pid}` continues it)" if state in ("T", "t") else ""
 
 
 def _duration(seconds: float) -> str:
@@ -966,8 +972,8 @@ def format_status(status: CampaignStatus) -> str:
         if "to_step" in stage:
             text += f" (segment {stage['segment']}: steps {stage['from_step']} to {stage['to_step']})"
         text += f", last update {_duration(time.time() - stage['time'])} ago"
-        if stage["stage"] in _ACTIVE and not _alive(stage.get("pid")):
-            text += f"; process {stage.get('pid')} is not running (rerun `specprim campaign run` to resume)"
+        if stage["stage"] in _ACTIVE:
+            text += _process_note(stage.get("pid"))
         lines.append(f"now:        {text}")
     lines += [
         f"generated:  {status.generated_tokens:,} tokens ({status.conversations:,} conversations; "
