@@ -260,9 +260,22 @@ def test_bad_inputs_give_a_one_line_error(tiny, capsys):
     assert "generated:  " in capsys.readouterr().out
     saved = json.loads((run / "campaign.json").read_text())
     assert saved["data"]["shard_sizes"] == [4] and saved["head"]["draft_vocab_size"] == 48
-    assert cli.main(["campaign", "run", str(run), "--max-items", "1"]) == 0  # resumes with the saved settings
-    with pytest.raises(SystemExit, match=r"other settings \(lr: 0.0003 -> 0.001\)"):
+    assert cli.main(["campaign", "run", str(run)]) == 0  # resumes with the saved settings, to the end of the data
+    with pytest.raises(SystemExit, match=r"other settings \(lr: 0.0003 -> 0.001\); retrain \(--retrain\)"):
         cli.main(["campaign", "run", str(run), "--lr", "1e-3"])
+    with pytest.raises(SystemExit, match=r"other settings \(max_length: 40 -> 50\); use another run directory"):
+        cli.main(["campaign", "run", str(run), "--max-length", "50", "--retrain"])
+    data = {p: p.read_bytes() for p in (run / "shards").rglob("*") if p.is_file()}
+    old_eval = (run / "eval.jsonl").read_text()
+    assert cli.main(["campaign", "run", str(run), "--lr", "1e-3", "--retrain", "--max-items", "1"]) == 0
+    assert (run / "retrained-1" / "eval.jsonl").read_text() == old_eval
+    assert (run / "retrained-1" / "train" / "head" / "model.safetensors").is_file()
+    assert json.loads((run / "retrained-1" / "campaign.json").read_text())["head"]["lr"] == 3e-4
+    assert json.loads((run / "campaign.json").read_text())["head"]["lr"] == 1e-3
+    assert {p: p.read_bytes() for p in (run / "shards").rglob("*") if p.is_file()} == data  # the data is kept
+    records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
+    assert records[0]["segment"] == 0 and records[0] == json.loads(old_eval.splitlines()[0])  # the same start
+    assert [r["segment"] for r in records] == [0, 1]  # one segment of the new training so far
     shutil.rmtree(run)
 
 

@@ -781,15 +781,17 @@ def trainer_state(run: Path) -> dict[str, Any]:
 
 
 def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_items: int | None = None,
-                 log: Callable[[str], None] = print,
-                 before_unit: Callable[[], None] | None = None) -> CampaignStatus:
+                 log: Callable[[str], None] = print, before_unit: Callable[[], None] | None = None,
+                 retrain: bool = False) -> CampaignStatus:
     """Run (or resume) ``campaign`` until it ends, its data runs out, or the budget is spent.
 
     The budget stops the run before the next unit of work (a self-distillation batch, a shard's feature cache or
     a training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
     continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
-    ``campaign.json``; a later call with other settings raises ``ValueError``
-    naming them. Returns the :func:`campaign_status` at the end.
+    ``campaign.json``; a later call with other settings raises ``ValueError`` naming them, unless only the head's
+    settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``, ``milestones/``) then
+    moves to ``retrained-<n>/`` and the head trains again from the start on the data already made. Returns the
+    :func:`campaign_status` at the end.
     """
     if max_seconds is not None and max_seconds < 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds}")
@@ -799,9 +801,20 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     if (run_dir / CONFIG_NAME).is_file():
         saved = load_campaign(run_dir)
         differ = _settings_differ(saved, campaign)
-        if differ:
-            raise ValueError(f"{run_dir} was started with other settings ({'; '.join(differ)}); use another run "
+        only_head = differ and not _settings_differ(dataclasses.replace(saved, head=campaign.head), campaign)
+        if differ and not (retrain and only_head):
+            hint = "retrain (--retrain) to train the head again on the same data, or use" if only_head else "use"
+            raise ValueError(f"{run_dir} was started with other settings ({'; '.join(differ)}); {hint} another run "
                              "directory")
+        if differ:
+            archive = run_dir / f"retrained-{1 + len(list(run_dir.glob('retrained-*')))}"
+            archive.mkdir()
+            for name in ("train", "eval.jsonl", "milestones"):
+                if (run_dir / name).exists():
+                    os.replace(run_dir / name, archive / name)
+            shutil.copy2(run_dir / CONFIG_NAME, archive / CONFIG_NAME)
+            _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
+            log(f"retraining with {'; '.join(differ)}: the training so far moved to {archive}")
     else:
         _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
     runner = _Runner(campaign, _Budget(max_seconds, max_items, before_unit), log)

@@ -102,6 +102,9 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
                                            "(default 5e5,1e6,2e6,5e6,1e7)")
     head.add_argument("--max-train-tokens", help="end after this many trained tokens (default: the last milestone)")
     head.add_argument("--seed")
+    run.add_argument("--retrain", action="store_true",
+                     help="accept changed head settings: the training so far moves to RUN_DIR/retrained-N/ and the "
+                          "head trains again on the data already made")
     budget = run.add_argument_group("this run only")
     budget.add_argument("--threads", help="torch intra-op threads (default: torch's), or 'auto': before each unit "
                                           "of work, as many as the CPUs no other process keeps busy (at least 1)")
@@ -151,7 +154,7 @@ def run_command(args: argparse.Namespace) -> int:
             torch.set_num_threads(int(args.threads))
         campaign = campaign_from_args(args)
         status = run_campaign(campaign, max_seconds=args.max_seconds, max_items=args.max_items, log=log,
-                              before_unit=before_unit)
+                              before_unit=before_unit, retrain=args.retrain)
     except (ValueError, FileNotFoundError) as error:
         raise SystemExit(f"specprim campaign run: {error}") from error
     print(format_status(status))
