@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import enum
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -17,6 +18,16 @@ from specprim.hf import HFTarget, StaticTarget
 from specprim.sampling import SamplingConfig
 
 AcceptanceRule = Callable[..., Verdict]
+
+
+class FromModel(enum.Enum):
+    """The default of ``eos_token_id`` and ``pad_token_id``: take the value from the generation config, as
+    ``model.generate`` does (``None``, passed explicitly, means no such token)."""
+
+    FROM_MODEL = "from the generation config"
+
+
+FROM_MODEL = FromModel.FROM_MODEL
 
 
 class Buildable(Protocol):
@@ -45,10 +56,10 @@ def speculative_generate(
     temperature: float = 0.0,
     top_k: int | None = None,
     top_p: float | None = None,
-    eos_token_id: int | Sequence[int] | None = None,
+    eos_token_id: int | Sequence[int] | None | FromModel = FROM_MODEL,
     generator: torch.Generator | None = None,
     streamer: object | None = None,
-    pad_token_id: int | None = None,
+    pad_token_id: int | None | FromModel = FROM_MODEL,
     recipe: Buildable | None = None,
     generation_config: GenerationConfig | None = None,
 ) -> GenerateOutput:
@@ -67,9 +78,11 @@ def speculative_generate(
     ``recipe`` (a :class:`specprim.recipes.Recipe`, or anything whose ``build(target)`` gives a ``verifier`` and a
     ``method``) replaces ``drafter`` and ``acceptance``: the run is the recipe's, on ``target`` loaded as it says.
 
-    ``generation_config`` (a ``transformers.GenerationConfig``, e.g. ``model.generation_config``) gives the
-    ``eos_token_id`` and ``pad_token_id`` not passed, and the sampling when its ``do_sample`` is on and
-    ``temperature`` is not given; without it, ``eos_token_id=None`` stops at no token. A one-row ``attention_mask``
+    ``eos_token_id`` and ``pad_token_id`` not passed come, as in ``model.generate``, from ``generation_config``
+    (a ``transformers.GenerationConfig``), by default the target model's own ``generation_config``; passing
+    ``eos_token_id=None`` stops at no token. A ``generation_config`` passed explicitly also gives the sampling when
+    its ``do_sample`` is on and ``temperature`` is not given (the model's own config never switches sampling on:
+    ``temperature`` defaults to greedy). A one-row ``attention_mask``
     is a batch of one: its left padding is dropped and the call returns a ``GenerateOutput``, like a call without
     it.
 
@@ -86,12 +99,12 @@ def speculative_generate(
     """
     from specprim._batch import batch_generate, wants_batch
 
-    config = generation_config
-    if config is not None and eos_token_id is None:
-        eos_token_id = config.eos_token_id
-    if config is not None and pad_token_id is None:
-        pad_token_id = config.pad_token_id
-    if config is not None and config.do_sample and temperature == 0:
+    config = generation_config or _model_generation_config(target)
+    if eos_token_id is FROM_MODEL:
+        eos_token_id = None if config is None else config.eos_token_id
+    if pad_token_id is FROM_MODEL:
+        pad_token_id = None if config is None else config.pad_token_id
+    if generation_config is not None and generation_config.do_sample and temperature == 0:
         temperature = generation_config.temperature if generation_config.temperature is not None else 1.0
         top_k = top_k if top_k is not None else (generation_config.top_k or None)
         top_p = top_p if top_p is not None else generation_config.top_p
@@ -221,6 +234,15 @@ def _check_prompt(input_ids: torch.Tensor) -> torch.Tensor:
     if input_ids.shape[1] == 0:
         raise ValueError("the prompt is empty: speculative decoding needs at least one token")
     return input_ids
+
+
+def _model_generation_config(target: object) -> GenerationConfig | None:
+    """The ``generation_config`` of ``target``, or of the model a verifier wraps; ``None`` when it has none."""
+    for owner in (target, getattr(target, "model", None)):
+        config = getattr(owner, "generation_config", None)
+        if isinstance(config, GenerationConfig):
+            return config
+    return None
 
 
 def _stop_ids(eos_token_id: int | Sequence[int] | None) -> torch.Tensor:

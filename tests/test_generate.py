@@ -9,6 +9,7 @@ from transformers import TextStreamer
 from specprim import DraftTree, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
 from specprim.drafters import DraftRequest, EarlyExit, ModelDrafter, PromptLookup
+from specprim.hf import StaticTarget
 from specprim.trees import Chain
 
 
@@ -273,7 +274,7 @@ def test_early_exit_view_does_not_run_the_targets_hooks():
     assert len(calls) == out_steps  # the view's own forward did not fire the target's hook
 
 
-def test_a_generation_config_gives_eos_pad_and_sampling_like_generate():
+def test_eos_and_pad_come_from_the_model_generation_config_like_generate():
     from transformers import GenerationConfig
 
     target = tiny_causal_lm("llama", seed=3)
@@ -288,6 +289,14 @@ def test_a_generation_config_gives_eos_pad_and_sampling_like_generate():
                                generation_config=target.generation_config)
     assert out.sequences.shape[1] < free.sequences.shape[1] and int(out.sequences[0, -1]) == stop
     assert torch.equal(out.sequences[0], plain[0, : out.sequences.shape[1]])
+    by_default = speculative_generate(target, ids, drafter=PromptLookup(), acceptance=Greedy(), max_new_tokens=16)
+    assert torch.equal(by_default.sequences, out.sequences)  # the model's own config, as generate reads it
+    static = speculative_generate(StaticTarget(target, compile=False), ids, drafter=PromptLookup(),
+                                  acceptance=Greedy(), max_new_tokens=16)
+    assert torch.equal(static.sequences, out.sequences)  # and that of the model a verifier wraps
+    no_eos = speculative_generate(target, ids, drafter=PromptLookup(), acceptance=Greedy(), max_new_tokens=16,
+                                  eos_token_id=None)
+    assert torch.equal(no_eos.sequences, free.sequences)  # None passed explicitly: no EOS, as in generate
     config = GenerationConfig(eos_token_id=None, do_sample=True, temperature=0.5)
     sampled = speculative_generate(target, ids, drafter=PromptLookup(), acceptance=SpeculativeSampling(),
                                    max_new_tokens=16, generation_config=config, generator=torch.Generator())

@@ -39,6 +39,8 @@ def _eagle3(target, seed=0):
 
 
 def _decode(verifier, drafter, prompt=PROMPT, max_new_tokens=32, **kwargs):
+    """Greedy decoding of the whole budget: like ``hf_greedy``, no EOS stops it."""
+    kwargs.setdefault("eos_token_id", None)
     return speculative_generate(verifier, prompt, drafter=drafter, acceptance=Greedy(), max_new_tokens=max_new_tokens,
                                 **kwargs)
 
