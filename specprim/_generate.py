@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from specprim._loop import GenerateOutput
+from specprim.hf import chat_input_ids
 from specprim.recipes import Built, Recipe, auto, load_draft, load_recipe, load_target
 
 SESSION_CACHE_LENGTH = 2048  # static caches start this long (they grow, and recompile, past it)
@@ -21,17 +22,6 @@ class TextGeneration:
     text: str
     output: GenerateOutput
     recipe: Recipe
-
-
-def chat_input_ids(tokenizer: Any, prompt: str) -> torch.Tensor:
-    """(1, T) ids of ``prompt`` as one user turn, rendered with the tokenizer's chat template if it has one."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-        )
-    else:
-        text = prompt
-    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids
 
 
 def resolve_recipe(recipe: Recipe | str, target: str, temperature: float) -> Recipe:

@@ -11,10 +11,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprim import models, presets, recipes
-from specprim._generate import chat_input_ids
 from specprim.bench import add_bench_parser
 from specprim.drafters import Datastore
-from specprim.hf import QUERY_BUCKETS
+from specprim.hf import QUERY_BUCKETS, chat_input_ids
 from specprim.speedup._cli import add_tune_parser
 from specprim.train._campaign_cli import add_campaign_parser
 from specprim.train._cli import add_train_parser
@@ -102,7 +101,7 @@ def generate_command(args: argparse.Namespace) -> int:
     line = (f"specprim {spec_rate:.1f} tok/s | plain model.generate ({recipe.dtype}) {plain_rate:.1f} tok/s | "
             f"speedup {spec_rate / plain_rate:.2f}x")
     if choice is not None and choice.expected_speedup is not None:
-        line += f" (tuned: {choice.expected_speedup:.2f}x on MT-bench)"
+        line += f" (tuned: {choice.expected_speedup:.2f}x {choice.basis})"
     if args.temperature == 0:
         same = torch.equal(baseline[0], out.sequences[0])
         line += f" | identical to plain greedy: {'yes' if same else 'no'}"

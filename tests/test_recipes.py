@@ -3,6 +3,7 @@ command lines that take them."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -13,7 +14,7 @@ import specprim
 from specprim import bench, cli, models, recipes
 from specprim.acceptance import Greedy, TypicalAcceptance
 from specprim.hf import StaticTarget
-from specprim.recipes import Recipe
+from specprim.recipes import Recipe, _measure
 
 GREEDY = "smollm2-135m-instruct-eagle3:greedy"
 SAMPLED = "smollm2-135m-instruct-eagle3:sampled"
@@ -92,12 +93,55 @@ def test_auto_picks_the_tuned_recipe_by_mode_and_adapts_the_dtype():
     fp32 = recipes.auto("smollm2-135m-instruct", dtype="float32")
     assert fp32.recipe.dtype == "float32" and not fp32.recipe.pack and fp32.expected_speedup is None
     assert fp32.recipe.method == greedy.recipe.method
-    other = recipes.auto("some/model")
+    other = recipes.auto("some/model", measure=False)
     assert other.recipe == Recipe() and "no recipe ships for some/model" in other.reason
-    assert all(recipes.auto(name, temperature=t).recipe.lossless
+    assert other.expected_speedup is None
+    assert all(recipes.auto(name, temperature=t, measure=False).recipe.lossless
                for name in ("smollm2-135m-instruct", "x") for t in (0.0, 1.0))
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         recipes.auto("x", temperature=-1)
+
+
+def _saved_tiny_target(directory):
+    tiny_causal_lm("llama").save_pretrained(directory)
+    tiny_tokenizer().save_pretrained(directory)
+    return str(directory)
+
+
+def test_auto_measures_an_unknown_target_once_per_machine_and_caches_the_fastest(tmp_path, monkeypatch):
+    monkeypatch.setattr(_measure, "cache_root", lambda: tmp_path / "cache" / "auto")
+    slow = Recipe(method="prompt-lookup", num_draft=1)
+    fast = Recipe(method="prompt-lookup", num_draft=2)
+    monkeypatch.setattr(_measure, "CANDIDATES", (slow, fast))
+    target = _saved_tiny_target(tmp_path / "target")
+    measured = []
+
+    def fake_measure(model, tokenizer, candidates, *, temperature):
+        measured.append((candidates, temperature))
+        return [_measure.Measured(recipe=c, tau=1.5, speedup=0.8 + 0.5 * i) for i, c in enumerate(candidates)]
+
+    monkeypatch.setattr(_measure, "measure", fake_measure)
+    choice = recipes.auto(target, dtype="float32")
+    assert choice.recipe == fast and choice.expected_speedup == pytest.approx(1.3) and len(measured) == 1
+    assert "measured 2 training-free drafters here" in choice.reason and "calibration prompts" in choice.basis
+    again = recipes.auto(target, dtype="float32")  # read from the cache: no second measurement
+    assert again.recipe == fast and again.expected_speedup == pytest.approx(1.3) and len(measured) == 1
+    recipes.auto(target, temperature=1.0, dtype="float32")  # another mode, another measurement
+    recipes.auto(target, dtype="bfloat16")  # another dtype, too: packed where the CPU computes bf16
+    assert [t for _, t in measured] == [0.0, 1.0, 0.0] and len(list((tmp_path / "cache" / "auto").glob("*.json"))) == 3
+    assert all(c.dtype == "bfloat16" and c.pack != torch.cuda.is_available() for c in measured[-1][0])
+    unreadable = recipes.auto(str(tmp_path / "missing"))
+    assert unreadable.recipe == Recipe() and "could not be loaded to measure" in unreadable.reason
+
+
+def test_auto_measurement_runs_the_candidates_beside_plain_generate():
+    model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
+    candidates = [Recipe(method="prompt-lookup", num_draft=n) for n in (1, 4)]
+    results = _measure.measure(model, tokenizer, candidates, prompts=("t5 t6 t7 t5 t6 t7 t5", "t9 t8 t9 t8 t9"),
+                               max_new_tokens=8)
+    assert [m.recipe for m in results] == candidates
+    assert all(m.speedup > 0 and m.tau >= 1 for m in results)
+    assert results[1].tau > results[0].tau  # the longer lookup accepts more per step on these repeating prompts
 
 
 def test_shipped_heads_are_found_by_target_and_kind():
@@ -122,7 +166,7 @@ def test_build_gives_the_recipes_verifier_drafter_and_rule():
         recipes.build(ODD, model, tokenizer=None)
 
 
-def test_cli_generate_runs_a_recipe_file_and_auto(tmp_path, capsys):
+def test_cli_generate_runs_a_recipe_file_and_auto(tmp_path, capsys, monkeypatch):
     target = tmp_path / "target"
     tiny_causal_lm("llama").save_pretrained(target)
     tiny_tokenizer().save_pretrained(target)
@@ -134,9 +178,10 @@ def test_cli_generate_runs_a_recipe_file_and_auto(tmp_path, capsys):
     out = capsys.readouterr()
     assert "recipe method=prompt-lookup num-draft=2 |" in out.out and "identical to plain greedy: yes" in out.out
     assert cli.main(["generate", "--target", str(target), "--prompt", prompt, "--max-new-tokens", "6",
-                     "--num-draft", "3"]) == 0  # auto, then the typed option on top
+                     "--num-draft", "3", "--dtype", "float32"]) == 0  # auto measures, then the typed option on top
     out = capsys.readouterr()
     assert "auto: no recipe ships for" in out.err and "recipe method=prompt-lookup num-draft=3 |" in out.out
+    assert "on 4 calibration prompts, this machine)" in out.out
     with pytest.raises(SystemExit, match="needs a trained head"):
         cli.main(["generate", "--target", str(target), "--method", "eagle3", "--prompt", prompt])
     with pytest.raises(SystemExit, match="--max-new-tokens must be >= 1"):
@@ -195,7 +240,8 @@ def test_generate_answers_text_with_a_recipe_and_streams(tmp_path):
 
     result = specprim.generate("t5 t6 t7 t5 t6", target=str(target), max_new_tokens=8,
                                streamer=Collect(tokenizer, skip_prompt=True))
-    assert result.recipe == Recipe() and len(result.output.sequences[0]) > 5
+    assert result.recipe == recipes.auto(str(target)).recipe and len(result.output.sequences[0]) > 5
     assert "".join(streamed).strip() == result.text.strip()
-    again = specprim.generate("t5 t6 t7 t5 t6", target=str(target), max_new_tokens=8, recipe=Recipe(num_draft=2))
+    again = specprim.generate("t5 t6 t7 t5 t6", target=str(target), max_new_tokens=8,
+                             recipe=dataclasses.replace(result.recipe, num_draft=2))
     assert again.text == result.text  # greedy, lossless: the same answer with another drafter

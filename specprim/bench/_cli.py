@@ -86,7 +86,7 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
         options["recipes"][args.recipe] = load_recipe(args.recipe)
     leading = next(iter(options["recipes"].values()), None)
     if leading is None and AUTO in args.method:
-        leading = auto(args.target, temperature=args.temperature).recipe
+        leading = auto(args.target, temperature=args.temperature, dtype=fields.get("dtype")).recipe
     options["dtype"] = fields.pop("dtype", leading.dtype if leading is not None else "float32")
     if "datastores" in fields:
         options["datastore"] = list(fields.pop("datastores"))

@@ -12,7 +12,7 @@ from specprim.hf._target import (
     sliding_window,
     vocab_size,
 )
-from specprim.hf._tokenizers import check_tokenizers_compatible
+from specprim.hf._tokenizers import chat_input_ids, check_tokenizers_compatible
 from specprim.hf._truncate import num_layers, truncated_view
 from specprim.hf._windowed_attention import windowed_attention, windowed_sdpa_forward
 
@@ -25,6 +25,7 @@ __all__ = [
     "StaticTarget",
     "WarmShapes",
     "check_causal_lm",
+    "chat_input_ids",
     "check_tokenizers_compatible",
     "context_length",
     "input_device",

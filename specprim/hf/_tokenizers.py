@@ -1,7 +1,10 @@
-"""Compatibility of a draft tokenizer with a target tokenizer."""
+"""Tokenizer helpers: a prompt as chat-template ids, and whether a draft tokenizer fits a target's."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
 from transformers import PreTrainedTokenizerBase
 
 
@@ -18,3 +21,14 @@ def check_tokenizers_compatible(target: PreTrainedTokenizerBase, draft: PreTrain
                 f"draft and target tokenizers disagree: draft token {token!r} has id {draft_id}, "
                 f"target id {target_vocab.get(token)}; speculative decoding needs a shared vocabulary"
             )
+
+
+def chat_input_ids(tokenizer: Any, prompt: str) -> torch.Tensor:
+    """(1, T) ids of ``prompt`` as one user turn, rendered with the tokenizer's chat template if it has one."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+        )
+    else:
+        text = prompt
+    return tokenizer(text, return_tensors="pt", add_special_tokens=False).input_ids

@@ -11,7 +11,15 @@ from specprim.models._compile import compile_forward, eager_forward, is_compiled
 from specprim.models._datastores import datastore_path, known_datastores, load_datastore, read_texts
 from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
 from specprim.models._heads import head_info, head_path, known_heads, load_head, shipped_head
-from specprim.models._load import cache_dir, ensure_cached, gguf_path, known_name, load, load_tokenizer
+from specprim.models._load import (
+    cache_dir,
+    ensure_cached,
+    gguf_path,
+    known_name,
+    load,
+    load_config,
+    load_tokenizer,
+)
 from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights, stock_kernels
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
 from specprim.models._quantize import Int4Linear, Int8Linear, quantize_weights
@@ -42,6 +50,7 @@ __all__ = [
     "known_heads",
     "known_name",
     "load",
+    "load_config",
     "load_datastore",
     "load_tokenizer",
     "load_head",

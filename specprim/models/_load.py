@@ -15,7 +15,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from specprim.models import _fetch
 from specprim.models._compile import compile_forward
@@ -122,6 +129,14 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PreT
     source = _source(name_or_path)
     with _load_errors(source):
         return AutoTokenizer.from_pretrained(source)
+
+
+def load_config(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PretrainedConfig:
+    """The model config :func:`load` would read for ``name_or_path``, without the weights (a known model is still
+    fetched and converted on first use). Raises ``OSError`` like :func:`load`."""
+    source = _source(name_or_path)
+    with _load_errors(source):
+        return AutoConfig.from_pretrained(source)
 
 
 def _source(

@@ -1,0 +1,170 @@
+"""``auto`` for a target no recipe ships for: measure the training-free candidates here, keep the fastest.
+
+Each candidate recipe (eager verification, so nothing compiles) decodes a few calibration prompts with the
+decoding mode's sampling; plain ``model.generate`` (stock kernels, the same weights) decodes the same prompts; the
+measured tokens-per-second ratio is the candidate's speedup. The choice is cached as JSON under
+``cache_dir() / "auto"``, keyed by the target (its path and config), the dtype, the decoding mode, the machine
+(CPU or GPU name, thread count) and the torch and specprim versions, so the next run on this machine reads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specprim import models
+from specprim.hf import chat_input_ids
+from specprim.recipes._recipe import Recipe
+
+logger = logging.getLogger(__name__)
+
+CANDIDATES = (
+    Recipe(method="prompt-lookup"),
+    Recipe(method="prompt-lookup+datastore", datastores=("sharegpt",)),
+)
+"""The training-free lossless drafters ``auto`` measures for an unknown target (dtype and packing are set per
+machine): prompt lookup, alone and joined by the ShareGPT datastore."""
+
+CALIBRATION_PROMPTS = (
+    "Explain how a refrigerator keeps food cold, in a short paragraph.",
+    "Write a Python function that returns the n-th Fibonacci number, with a docstring.",
+    "Summarize the plot of a story about a lighthouse keeper who finds a message in a bottle.",
+    "A train leaves at 3 pm and travels 180 km at 60 km/h. When does it arrive? Explain step by step.",
+)
+"""Open prompts of four kinds (explanation, code, story, arithmetic), written for this measurement only: no
+benchmark's questions."""
+
+MAX_NEW_TOKENS = 48
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One candidate's measurement: its ``recipe``, ``tau`` and measured ``speedup`` over plain ``generate``."""
+
+    recipe: Recipe
+    tau: float
+    speedup: float
+
+
+def default_dtype() -> str:
+    """``bfloat16`` where this machine computes it natively (a CUDA GPU, or a CPU with AVX512-BF16 or AMX), as the
+    shipped recipes run; else ``float32``."""
+    bf16_cpu = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
+    return "bfloat16" if torch.cuda.is_available() or bf16_cpu else "float32"
+
+
+def machine_key() -> dict[str, Any]:
+    """What makes a measurement specific to this machine and software."""
+    if torch.cuda.is_available():
+        device = torch.cuda.get_device_name()
+    else:
+        device = _cpu_name() or platform.processor() or platform.machine()
+    return {"device": device, "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "specprim": importlib.metadata.version("specprim")}
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def cache_path(target: str | os.PathLike[str], config: Any, dtype: str, mode: str) -> Path:
+    """Where the measured choice for ``target`` (its ``config``: a ``PretrainedConfig``) is cached."""
+    key = {"target": os.fspath(target), "config": config.to_json_string(use_diff=False), "dtype": dtype,
+           "mode": mode, **machine_key()}
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    name = Path(os.fspath(target)).name or "model"
+    return cache_root() / f"{name}-{mode}-{digest}.json"
+
+
+def cache_root() -> Path:
+    """The directory of measured choices: ``cache_dir() / "auto"``."""
+    return models.cache_dir() / "auto"
+
+
+def candidates_for(dtype: str) -> list[Recipe]:
+    """:data:`CANDIDATES` in ``dtype``, packed where that is bfloat16 on a CPU (the same numbers, faster kernels)."""
+    pack = dtype == "bfloat16" and not torch.cuda.is_available()
+    return [dataclasses.replace(c, dtype=dtype, pack=pack) for c in CANDIDATES]
+
+
+def measure(
+    model: torch.nn.Module, tokenizer: Any, candidates: list[Recipe], *, temperature: float = 0.0,
+    prompts: tuple[str, ...] = CALIBRATION_PROMPTS, max_new_tokens: int = MAX_NEW_TOKENS,
+) -> list[Measured]:
+    """Decode ``prompts`` with plain ``model.generate`` and with every candidate (all built on ``model``, loaded
+    in the candidates' dtype and packing), and measure each candidate's tokens-per-second ratio to plain."""
+    inputs = [chat_input_ids(tokenizer, prompt) for prompt in prompts]
+    eos = tokenizer.eos_token_id
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(
+        do_sample=False)
+
+    def plain(ids: torch.Tensor, tokens: int) -> int:
+        with models.stock_kernels():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, eos_token_id=eos,
+                                 pad_token_id=eos, **sampling)
+        return out.shape[1] - ids.shape[1]
+
+    plain(inputs[0], 4)  # warm-up
+    plain_rate = _rate([lambda ids=ids: plain(ids, max_new_tokens) for ids in inputs])
+    results = []
+    for recipe in candidates:
+        built = recipe.build(model, tokenizer)
+        accepted, steps = [], []
+
+        def speculative(ids: torch.Tensor, tokens: int, built: Any = built) -> int:
+            out = built.generate(ids, max_new_tokens=tokens, temperature=temperature, eos_token_id=eos,
+                                 generator=torch.Generator().manual_seed(0))
+            accepted.append(sum(out.stats.accepted))
+            steps.append(out.stats.steps)
+            return out.sequences.shape[1] - ids.shape[1]
+
+        speculative(inputs[0], 4)  # warm-up
+        accepted.clear(), steps.clear()
+        rate = _rate([lambda ids=ids: speculative(ids, max_new_tokens) for ids in inputs])
+        tau = (sum(accepted) + sum(steps)) / max(sum(steps), 1)
+        results.append(Measured(recipe=recipe, tau=tau, speedup=rate / plain_rate))
+        logger.info("auto: %s ran %.2fx plain generate (tau %.2f)", recipe, rate / plain_rate, tau)
+    return results
+
+
+def _rate(runs: list[Any]) -> float:
+    """Tokens per second over ``runs``, each a call returning how many tokens it generated."""
+    start = time.perf_counter()
+    tokens = sum(run() for run in runs)
+    return tokens / (time.perf_counter() - start)
+
+
+def read_cached(path: Path) -> tuple[Recipe, float, str] | None:
+    """``(recipe, speedup, when)`` of a cached choice, or ``None`` when there is none (or it is unreadable)."""
+    try:
+        data = json.loads(path.read_text())
+        return Recipe.parse(data["recipe"]), float(data["speedup"]), str(data["measured_at"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def write_cached(path: Path, best: Measured, results: list[Measured]) -> None:
+    """Store the choice and every candidate's measurement (written whole, then renamed into place)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = {"recipe": str(best.recipe), "speedup": best.speedup, "tau": best.tau,
+            "measured_at": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_key(),
+            "candidates": [{"recipe": str(m.recipe), "speedup": m.speedup, "tau": m.tau} for m in results]}
+    staged = path.with_suffix(".partial")
+    staged.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(staged, path)
