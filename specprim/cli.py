@@ -65,7 +65,7 @@ def generate_command(args: argparse.Namespace) -> int:
         draft = recipes.load_draft(recipe, tokenizer)
         ids = chat_input_ids(tokenizer, args.prompt)
         start = time.perf_counter()
-        built = recipes.build(recipe, model, tokenizer, draft=draft,
+        built = recipe.build(model, tokenizer, draft=draft,
                               cache_length=ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1],
                               prefill_chunk=0)  # one prompt: an eager prefill costs less than compiling one
     except (ValueError, TypeError) as error:

@@ -153,17 +153,17 @@ def test_shipped_heads_are_found_by_target_and_kind():
 
 def test_build_gives_the_recipes_verifier_drafter_and_rule():
     model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
-    built = recipes.build(Recipe(num_draft=3, verifier="static", acceptance="greedy"), model, tokenizer)
+    built = Recipe(num_draft=3, verifier="static", acceptance="greedy").build(model, tokenizer)
     assert isinstance(built.verifier, StaticTarget) and isinstance(built.method.acceptance, Greedy)
     assert built.method.drafter.num_tokens == 3
     ids = tokenizer("t5 t6 t7 t8 t5 t6 t7", return_tensors="pt").input_ids
     out = built.generate(ids, max_new_tokens=12)
     plain = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, do_sample=False)
     assert torch.equal(out.sequences, plain)  # fp32 greedy: lossless
-    typical = recipes.build(Recipe(acceptance="typical"), model)
+    typical = Recipe(acceptance="typical").build(model)
     assert isinstance(typical.method.acceptance, TypicalAcceptance) and typical.verifier is model
     with pytest.raises(ValueError, match="needs the target's tokenizer"):
-        recipes.build(ODD, model, tokenizer=None)
+        ODD.build(model, tokenizer=None)
 
 
 def test_cli_generate_runs_a_recipe_file_and_auto(tmp_path, capsys, monkeypatch):

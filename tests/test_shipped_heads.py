@@ -27,7 +27,9 @@ def test_load_head_dispatches_on_the_saved_class_and_resolves_names(tmp_path, mo
     assert isinstance(load_head("tiny-eagle3", target), EagleHead)
     assert isinstance(load_head(tmp_path / "tiny-medusa", target), MedusaHeads)
     method = presets.from_name("eagle3", target=target, head="tiny-eagle3")
-    assert method.drafter is not None
+    saved = load_head("tiny-eagle3", target).state_dict()
+    drafted_with = method.drafter.head.state_dict()
+    assert saved.keys() == drafted_with.keys() and all(torch.equal(saved[k], drafted_with[k]) for k in saved)
     with pytest.raises(ValueError, match="neither a shipped head"):
         head_path("no-such-head")
     (tmp_path / "odd").mkdir()

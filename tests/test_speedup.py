@@ -211,7 +211,8 @@ def test_measure_costs_on_a_tiny_model():
     prompt = torch.randint(2, VOCAB, (1, 16), generator=torch.Generator().manual_seed(0))
     costs = measure_costs(target, prompt, drafter_for_depth=lambda d: ModelDrafter(draft, Chain(d)),
                           depths=(1, 2), sizes=(0, 4), repeats=2, tokens_per_depth=6)
-    assert costs.verify_sizes == (0, 4) and len(costs.draft_s) == 2 and costs.other_s >= 0
+    assert costs.verify_sizes == (0, 4) and len(costs.draft_s) == 2
+    assert costs.other_s > 0 or costs.other_per_node_s > 0  # acceptance and the cache commit take time each step
     assert all(t > 0 for t in (*costs.verify_s, *costs.draft_s))
     with pytest.raises(ValueError, match="depths must be"):
         measure_costs(target, prompt, drafter_for_depth=lambda d: ModelDrafter(draft, Chain(d)), depths=(2,))

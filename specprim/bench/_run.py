@@ -26,7 +26,6 @@ from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
 from specprim.hf._static_target import QUERY_BUCKETS
 from specprim.models import is_packed
 from specprim.recipes import Recipe, auto
-from specprim.recipes import build as build_recipe
 from specprim.sampling import SamplingConfig
 from specprim.speedup import CostModel, measure_verify_costs
 
@@ -274,7 +273,7 @@ def run(
     if static_draft:
         method_map = _drafting_statically(method_map, cache_length)
     for name, recipe in recipe_map.items():
-        built = build_recipe(recipe, model, tokenizer, draft=draft_model, cache_length=cache_length)
+        built = recipe.build(model, tokenizer, draft=draft_model, cache_length=cache_length)
         verifier = built.verifier if isinstance(built.verifier, StaticTarget) else None
         method_map[name] = SpecprimGenerate(target=model, method=built.method, verifier=verifier)
     _check_decodes({name: method_map[name] for name in recipe_map}, decoding)

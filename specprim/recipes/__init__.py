@@ -5,13 +5,13 @@ and ``auto``, which picks one for a target.
 from specprim import recipes
 choice = recipes.auto("smollm2-135m-instruct")             # the tuned recipe, its expected speedup, why
 model, tokenizer = recipes.load_target(choice.recipe, "smollm2-135m-instruct")
-built = recipes.build(choice.recipe, model, tokenizer)     # verifier + drafter + acceptance rule
+built = choice.recipe.build(model, tokenizer)              # verifier + drafter + acceptance rule
 out = built.generate(input_ids, max_new_tokens=128)
 ```
 """
 
 from specprim.recipes._auto import MODES, Choice, auto, load_recipe, shipped_recipes
-from specprim.recipes._build import Built, build, load_draft, load_target
+from specprim.recipes._build import Built, load_draft, load_target
 from specprim.recipes._cli import add_recipe_arguments, given_fields, recipe_from_args
 from specprim.recipes._recipe import DTYPES, VERIFIERS, Recipe
 
@@ -24,7 +24,6 @@ __all__ = [
     "Recipe",
     "add_recipe_arguments",
     "auto",
-    "build",
     "given_fields",
     "load_draft",
     "load_recipe",

@@ -44,9 +44,3 @@ def load_draft(recipe: Recipe, tokenizer: Any) -> Model | None:
                                          quantize=recipe.draft_quantize, pack=recipe.pack, compile=recipe.compile)
     check_tokenizers_compatible(tokenizer, draft_tokenizer)
     return draft
-
-
-def build(recipe: Recipe, model: Model, tokenizer: Any = None, *, draft: Model | None = None,
-          cache_length: int = 0, prefill_chunk: int | None = None) -> Built:
-    """``recipe.build(...)`` (see :meth:`specprim.recipes.Recipe.build`)."""
-    return recipe.build(model, tokenizer, draft=draft, cache_length=cache_length, prefill_chunk=prefill_chunk)

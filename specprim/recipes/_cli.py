@@ -54,13 +54,18 @@ _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add ``--recipe`` and every recipe option to ``parser``."""
+def add_recipe_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """Add ``--recipe`` and every recipe option but those in ``skip`` (e.g. ``("--tree",)``) to ``parser``."""
     group = parser.add_argument_group("recipe", "how the models load, verify and draft (see docs/recipes.md)")
     group.add_argument("--recipe", default=argparse.SUPPRESS,
                        help="a shipped recipe (e.g. smollm2-135m-instruct-eagle3:greedy) or a TOML file; the "
                             "options below replace its fields")
+    unknown = set(skip) - set(_OPTIONS)
+    if unknown:
+        raise ValueError(f"not recipe options: {sorted(unknown)}")
     for option, (_field, kwargs) in _OPTIONS.items():
+        if option in skip:
+            continue
         group.add_argument(option, dest=option.removeprefix("--").replace("-", "_"), default=argparse.SUPPRESS,
                            **kwargs)
 

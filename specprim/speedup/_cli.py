@@ -11,10 +11,13 @@ from typing import Any
 
 import torch
 
+from specprim.recipes import add_recipe_arguments, recipe_from_args
 from specprim.speedup._union import LOOKUP_LENGTHS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LOOKUP = "prompt-lookup"
+TUNED_HERE = ("--max-nodes", "--tree", "--num-draft")
+"""Recipe options ``tune`` does not take: it chooses the tree, and ``--max-nodes`` is its largest tree."""
 
 
 def _tree_presets() -> str:
@@ -57,32 +60,20 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
                     "the best tree of every size. See docs/speedup.md.",
     )
     tune.add_argument("--target", default="smollm2-135m-instruct", help="a known name, a local path or a hub id")
-    tune.add_argument("--recipe", help="tune this recipe (a shipped name or TOML file): its loading, verifier, "
-                                       "head and draft; prints the recipe with the tuned tree")
     tune.add_argument("--method", type=_tunable_method,
                       help=f"(default: the recipe's drafter) one of {_tree_presets()}, optionally joined "
                            "with prompt-lookup ('eagle3+prompt-lookup': the tree is tuned first, then the lookup "
                            "length by replay)")
-    tune.add_argument("--draft", help="draft model for leviathan")
-    tune.add_argument("--head", help="trained head (directory or shipped name) for medusa / eagle / eagle3 / mtp")
-    tune.add_argument("--exit-layer", type=int, help="exit layer for early-exit")
     tune.add_argument("--dataset", choices=sorted(DATASETS), default="mt-bench")
     tune.add_argument("--num-prompts", type=int, default=6, help="prompts acceptance is measured on")
     tune.add_argument("--max-new-tokens", type=int, default=128,
                       help="tokens per prompt (3 x 48 tokens measured r[1][0] 0.22 where 6 x 128 measured 0.33)")
     tune.add_argument("--max-nodes", type=int, default=64, help="largest tree considered")
-    tune.add_argument("--dtype", choices=sorted(DTYPES), help="(default: the recipe's, else float32)")
-    tune.add_argument("--pack", action="store_true",
-                      help="pre-pack the bfloat16 models' linears for oneDNN (tune for the kernels you will run)")
-    tune.add_argument("--compile", action="store_true",
-                      help="torch.compile the models' forward (not with --pack; compiles for minutes first)")
-    tune.add_argument("--static-verify", action="store_true",
-                      help="tune for a compiled StaticTarget (--static-verify on generate / bench): steps run through "
-                           "it and trees are priced by their padded size (compiles each padded size first)")
     tune.add_argument("--repeats", type=int, default=5, help="timings per tree size (median)")
     tune.add_argument("--lookup-lengths", type=_lengths, default=LOOKUP_LENGTHS,
                       help="comma-separated prompt-lookup lengths tried for a '+prompt-lookup' method (0: none)")
     tune.add_argument("--json", type=Path, help="write acceptance, costs, the curve and the choice here")
+    add_recipe_arguments(tune, skip=TUNED_HERE)
     tune.set_defaults(func=tune_command)
     return tune
 
@@ -124,7 +115,7 @@ def tune_command(args: argparse.Namespace) -> int:
                                  max_new_tokens=args.max_new_tokens, eos_token_id=tokenizer.eos_token_id)
             print("\n" + lookup_report(lookup, tree_name, result.choice.spec()))
             record["lookup"] = lookup.to_json()
-    if result.choice.paths and args.recipe is not None:
+    if result.choice.paths and getattr(args, "recipe", None) is not None:
         tuned = dataclasses.replace(tuned_recipe, tree=result.choice.spec())
         print(f"\ntuned recipe: {tuned}")
         record["recipe"] = repr(tuned)
@@ -135,25 +126,21 @@ def tune_command(args: argparse.Namespace) -> int:
 
 
 def _recipes(args: argparse.Namespace) -> tuple[Any, Any]:
-    """The recipe being tuned (``--recipe`` or the defaults, with the options typed here on top) and the one tune
-    measures with: its tree-shaped drafter alone, on the same loading and verifier. ``--method`` defaults to the
-    recipe's drafter without its datastore part."""
+    """The recipe being tuned (``--recipe`` or the defaults, with the recipe options typed here on top) and the one
+    tune measures with: its tree-shaped drafter alone, on the same loading and verifier. ``--method`` defaults to
+    the recipe's drafter without its datastore part."""
     from specprim.recipes import Recipe, load_recipe
 
-    base = load_recipe(args.recipe) if args.recipe is not None else Recipe()
+    named = getattr(args, "recipe", None)
+    base = load_recipe(named) if named is not None else Recipe()
     if args.method is None:
-        if args.recipe is None:
+        if named is None:
             raise ValueError("pass --method (or --recipe)")
         try:
             args.method = _tunable_method("+".join(p for p in base.method.split("+") if p != "datastore"))
         except argparse.ArgumentTypeError as error:
             raise ValueError(str(error)) from error
-    typed = {name: value for name, value in (("dtype", args.dtype), ("head", args.head), ("draft", args.draft),
-                                               ("exit_layer", args.exit_layer)) if value is not None}
-    typed |= {name: True for name in ("pack", "compile") if getattr(args, name)}
-    if args.static_verify:
-        typed["verifier"] = "compiled"
-    tuned = dataclasses.replace(base, **typed)
+    tuned = recipe_from_args(args, base)
     tree_part = next(p for p in args.method.split("+") if p != LOOKUP)
     measured = dataclasses.replace(tuned, method=tree_part, max_nodes=None, datastores=(), num_draft=None, tree=None)
     return tuned, measured
