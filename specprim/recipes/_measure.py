@@ -24,6 +24,7 @@ import torch
 
 from specprim import models
 from specprim.hf import chat_input_ids
+from specprim.recipes._build import load_draft
 from specprim.recipes._recipe import Recipe
 
 logger = logging.getLogger(__name__)
@@ -97,10 +98,16 @@ def cache_root() -> Path:
     return models.cache_dir() / "auto"
 
 
-def candidates_for(dtype: str) -> list[Recipe]:
-    """:data:`CANDIDATES` in ``dtype``, packed where that is bfloat16 on a CPU (the same numbers, faster kernels)."""
+def candidates_for(target: str, dtype: str) -> list[Recipe]:
+    """:data:`CANDIDATES` in ``dtype``, packed where that is bfloat16 on a CPU (the same numbers, faster kernels);
+    for a known model with a draft partner (:attr:`specprim.models.EmbeddedModel.draft`) also ``leviathan`` with
+    it (a chain of 4 from the draft model)."""
     pack = dtype == "bfloat16" and not torch.cuda.is_available()
-    return [dataclasses.replace(c, dtype=dtype, pack=pack) for c in CANDIDATES]
+    candidates = list(CANDIDATES)
+    known = models.KNOWN_MODELS.get(target)
+    if known is not None and known.draft is not None:
+        candidates.append(Recipe(method="leviathan", draft=known.draft))
+    return [dataclasses.replace(c, dtype=dtype, pack=pack) for c in candidates]
 
 
 def measure(
@@ -108,7 +115,8 @@ def measure(
     prompts: tuple[str, ...] = CALIBRATION_PROMPTS, max_new_tokens: int = MAX_NEW_TOKENS,
 ) -> list[Measured]:
     """Decode ``prompts`` with plain ``model.generate`` and with every candidate (all built on ``model``, loaded
-    in the candidates' dtype and packing), and measure each candidate's tokens-per-second ratio to plain."""
+    in the candidates' dtype and packing; a candidate's draft model is loaded the same way), and measure each
+    candidate's tokens-per-second ratio to plain."""
     inputs = [chat_input_ids(tokenizer, prompt) for prompt in prompts]
     eos = tokenizer.eos_token_id
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(
@@ -124,7 +132,7 @@ def measure(
     plain_rate = _rate([lambda ids=ids: plain(ids, max_new_tokens) for ids in inputs])
     results = []
     for recipe in candidates:
-        built = recipe.build(model, tokenizer)
+        built = recipe.build(model, tokenizer, draft=load_draft(recipe, tokenizer))
         accepted, steps = [], []
 
         def speculative(ids: torch.Tensor, tokens: int, built: Any = built) -> int:
