@@ -66,9 +66,9 @@ def generate_command(args: argparse.Namespace) -> int:
         ids = chat_input_ids(tokenizer, args.prompt)
         start = time.perf_counter()
         built = recipe.build(model, tokenizer, draft=draft,
-                              cache_length=ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1],
-                              prefill_chunk=0)  # one prompt: an eager prefill costs less than compiling one
-    except (ValueError, TypeError) as error:
+                             cache_length=ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1],
+                             prefill_chunk=0)  # one prompt: an eager prefill costs less than compiling one
+    except (ValueError, TypeError, OSError) as error:
         raise SystemExit(f"specprim generate: error: {error}") from error
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos = tokenizer.eos_token_id

@@ -194,6 +194,8 @@ def test_cli_generate_runs_a_recipe_file_and_auto(tmp_path, capsys, monkeypatch)
         cli.main(["generate", "--target", str(target), "--method", "eagle3", "--prompt", prompt])
     with pytest.raises(SystemExit, match="--max-new-tokens must be >= 1"):
         cli.main(["generate", "--target", str(target), "--prompt", prompt, "--max-new-tokens", "0"])
+    with pytest.raises(SystemExit, match="specprim generate: error: .*no-such-dir"):
+        cli.main(["generate", "--target", str(tmp_path / "no-such-dir"), "--prompt", prompt])  # one line, no trace
 
 
 def test_bench_runs_recipes_and_auto_and_logs_them(tmp_path):
