@@ -248,6 +248,8 @@ def test_half_precision_loads_have_a_cache_of_their_own(pypi, cache, tmp_path, m
     assert half.dtype == torch.bfloat16 and converted == [torch.bfloat16]
     bf16_dir = cache / "bfloat16" / spec.name
     assert (bf16_dir / "model.safetensors").is_file() and not (cache / spec.name).exists()
+    assert len(sm.load_tokenizer(spec)) == VOCAB and sm.load_config(spec).vocab_size == VOCAB
+    assert converted == [torch.bfloat16] and not (cache / spec.name).exists()  # read from the bf16 copy
     full, _ = sm.load(spec)
     assert full.dtype == torch.float32 and converted == [torch.bfloat16, torch.float32]
     fp32_bytes = (cache / spec.name / "model.safetensors").stat().st_size

@@ -125,29 +125,34 @@ def load(
 
 def load_tokenizer(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PreTrainedTokenizerBase:
     """The tokenizer :func:`load` would return for ``name_or_path``, without loading the model's weights (a known
-    model is still fetched and converted on first use). Raises ``OSError`` like :func:`load`."""
-    source = _source(name_or_path)
+    model is read from whichever cached copy exists, else fetched and converted in bfloat16). Raises ``OSError``
+    like :func:`load`."""
+    source = _source(name_or_path, dtype=None)
     with _load_errors(source):
         return AutoTokenizer.from_pretrained(source)
 
 
 def load_config(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PretrainedConfig:
-    """The model config :func:`load` would read for ``name_or_path``, without the weights (a known model is still
-    fetched and converted on first use). Raises ``OSError`` like :func:`load`."""
-    source = _source(name_or_path)
+    """The model config :func:`load` would read for ``name_or_path``, without the weights (a known model is read
+    from whichever cached copy exists, else fetched and converted in bfloat16). Raises ``OSError`` like
+    :func:`load`."""
+    source = _source(name_or_path, dtype=None)
     with _load_errors(source):
         return AutoConfig.from_pretrained(source)
 
 
 def _source(
-    name_or_path: str | os.PathLike[str] | EmbeddedModel, dtype: torch.dtype | str = torch.float32
+    name_or_path: str | os.PathLike[str] | EmbeddedModel, dtype: torch.dtype | str | None = torch.float32
 ) -> str | os.PathLike[str]:
-    """What ``from_pretrained`` reads: the cached conversion of a known model, else ``name_or_path`` itself."""
-    if isinstance(name_or_path, EmbeddedModel):
-        return ensure_cached(name_or_path, dtype)
-    if str(name_or_path) in KNOWN_MODELS:
-        return ensure_cached(KNOWN_MODELS[str(name_or_path)], dtype)
-    return name_or_path
+    """What ``from_pretrained`` reads: the cached conversion of a known model in ``dtype`` (``None``: any cached
+    copy, for the tokenizer and config), else ``name_or_path`` itself."""
+    known = name_or_path if isinstance(name_or_path, EmbeddedModel) else KNOWN_MODELS.get(str(name_or_path))
+    if known is None:
+        return name_or_path
+    if dtype is None:
+        cached = [_cache_path(known, d) for d in (torch.float32, torch.bfloat16, torch.float16)]
+        return next((path for path in cached if path.is_dir()), None) or ensure_cached(known, torch.bfloat16)
+    return ensure_cached(known, dtype)
 
 
 @contextlib.contextmanager
@@ -174,11 +179,17 @@ def ensure_cached(model: EmbeddedModel, dtype: torch.dtype | str = torch.float32
     ``from_pretrained(fp32 copy, dtype=...)`` gives.
     """
     half = _half_precision(dtype)
-    final = cache_dir() / model.name if half is None else cache_dir() / str(half).removeprefix("torch.") / model.name
+    final = _cache_path(model, dtype)
     if not final.is_dir():
         fp32 = cache_dir() / model.name
         _convert(model, final, half or torch.float32, fp32 if half is not None and fp32.is_dir() else None)
     return final
+
+
+def _cache_path(model: EmbeddedModel, dtype: torch.dtype | str) -> Path:
+    """Where ``model``'s copy for ``dtype`` lives (see :func:`ensure_cached`)."""
+    half = _half_precision(dtype)
+    return cache_dir() / model.name if half is None else cache_dir() / str(half).removeprefix("torch.") / model.name
 
 
 def _half_precision(dtype: torch.dtype | str) -> torch.dtype | None:
