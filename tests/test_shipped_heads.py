@@ -28,7 +28,7 @@ def test_load_head_dispatches_on_the_saved_class_and_resolves_names(tmp_path, mo
     assert isinstance(load_head(tmp_path / "tiny-medusa", target), MedusaHeads)
     method = presets.from_name("eagle3", target=target, head="tiny-eagle3")
     saved = load_head("tiny-eagle3", target).state_dict()
-    drafted_with = method.drafter.head.state_dict()
+    drafted_with = method.drafter.model.head.state_dict()  # TreeDrafter -> EAGLE draft model -> head
     assert saved.keys() == drafted_with.keys() and all(torch.equal(saved[k], drafted_with[k]) for k in saved)
     with pytest.raises(ValueError, match="neither a shipped head"):
         head_path("no-such-head")

@@ -333,20 +333,24 @@ def test_tune_reads_a_recipe_and_measures_its_tree_part():
     import argparse
 
     from specprim.recipes import load_recipe
-    from specprim.speedup._cli import _recipes
+    from specprim.speedup._cli import _recipes, add_tune_parser
 
-    def args(**given):
-        fields = dict(recipe=None, method=None, dtype=None, head=None, draft=None, exit_layer=None, pack=False,
-                      compile=False, static_verify=False)
-        return argparse.Namespace(**{**fields, **given})
+    parser = argparse.ArgumentParser()
+    add_tune_parser(parser.add_subparsers())
+
+    def args(*argv):
+        return parser.parse_args(["tune", *argv])
 
     shipped = load_recipe("smollm2-135m-instruct-eagle3:greedy")
-    namespace = args(recipe="smollm2-135m-instruct-eagle3:greedy")
+    namespace = args("--recipe", "smollm2-135m-instruct-eagle3:greedy")
     tuned, measured = _recipes(namespace)
     assert tuned == shipped and namespace.method == "eagle3+prompt-lookup"
     assert (measured.method, measured.tree, measured.datastores, measured.max_nodes) == ("eagle3", None, (), None)
     assert (measured.dtype, measured.pack, measured.verifier) == ("bfloat16", True, "compiled")
-    tuned, measured = _recipes(args(method="early-exit", exit_layer=1, static_verify=True))
+    tuned, measured = _recipes(args("--method", "early-exit", "--exit-layer", "1", "--static-verify"))
     assert (measured.method, measured.exit_layer, measured.verifier) == ("early-exit", 1, "compiled")
     with pytest.raises(ValueError, match="pass --method"):
         _recipes(args())
+    assert _recipes(args("--method", "eagle3", "--quantize", "int8"))[1].quantize == "int8"  # the shared options
+    with pytest.raises(SystemExit):
+        args("--method", "eagle3", "--tree", "chain:3")  # tune chooses the tree itself
