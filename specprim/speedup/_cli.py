@@ -68,7 +68,7 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
     tune.add_argument("--num-prompts", type=int, default=6, help="prompts acceptance is measured on")
     tune.add_argument("--max-new-tokens", type=int, default=128,
                       help="tokens per prompt (3 x 48 tokens measured r[1][0] 0.22 where 6 x 128 measured 0.33)")
-    tune.add_argument("--max-nodes", type=int, default=64, help="largest tree considered")
+    tune.add_argument("--max-nodes", dest="largest_tree", type=int, default=64, help="largest tree considered")
     tune.add_argument("--repeats", type=int, default=5, help="timings per tree size (median)")
     tune.add_argument("--lookup-lengths", type=_lengths, default=LOOKUP_LENGTHS,
                       help="comma-separated prompt-lookup lengths tried for a '+prompt-lookup' method (0: none)")
@@ -102,7 +102,7 @@ def tune_command(args: argparse.Namespace) -> int:
             target, compile=recipe.verifier == "compiled", min_padded=recipe.min_padded)
     except TypeError as error:
         raise SystemExit(f"specprim tune: {error}") from error
-    result = tune(verifier, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.max_nodes,
+    result = tune(verifier, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.largest_tree,
                   repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
     print(report(result, f"{tree_name} on {args.target} ({recipe}), {len(prompts)} {args.dataset} prompts"))
     record = result.to_json()
