@@ -114,7 +114,7 @@ def test_training_lowers_the_loss_and_the_saved_module_decodes_losslessly(name, 
     taus = []
     fresh = torch.randint(2, VOCAB, (1, 6), generator=torch.Generator().manual_seed(5))
     for prompt in [*data[:4, None, :PROMPT], fresh]:  # four training prompts and an unseen one
-        out = preset(module).generate(target, prompt, max_new_tokens=30)
+        out = preset(module).generate(target, prompt, max_new_tokens=30, eos_token_id=None)  # as hf_greedy
         assert torch.equal(out.sequences, hf_greedy(target, prompt, 30)), name
         taus.append(out.stats.tau)
     if name in ("medusa", "distill"):  # trained drafts are accepted on the training prompts (off by one: ~1.1)
@@ -312,3 +312,36 @@ def test_unrolled_step_k_is_labelled_by_position_i_plus_k_plus_1(target, name, s
         assert accuracies == [1.0, 1.0, 1.0] and out.metrics["loss"] < 1e-6
     else:
         assert max(accuracies) < 1.0 and out.metrics["loss"] > 1.0
+
+
+def test_align_drops_misaligned_chains_from_later_depths_and_chain_counts_whole_matches(target, monkeypatch):
+    """An oracle head that is right on every chain starting at an odd position and wrong on every other one: with
+    ``align`` depths 2 and 3 train only on the aligned (odd) chains, so their loss vanishes; without it they do not.
+    ``chain_k`` is the fraction of chains whose first k greedy tokens all match, here the odd ones."""
+    batch = position_batch(32)
+    width = batch.input_ids.shape[1]
+    batch.features[..., 0, 2] = torch.arange(width, dtype=torch.float32)  # each chain carries its start position
+    outputs = {}
+    for align in (False, True):
+        head = EagleHead.from_target(target, version=1)
+
+        def forward(tokens, hidden, **_):
+            moved = hidden.clone()
+            moved[..., 0] += 1  # the next position's exact feature
+            t, b = decode_position(moved)
+            logits = one_hot_logits(batch, t, b)
+            wrong = hidden[..., 2].round().long() % 2 == 0  # chains starting at even positions miss every depth
+            return EagleOutput(hidden=moved, draft_logits=torch.where(wrong[..., None], logits.roll(1, -1), logits))
+
+        monkeypatch.setattr(head, "forward", forward)
+        outputs[align] = EagleObjective(head, steps=3, greedy=True, feature_weight=0.0, align=align)(batch).metrics
+    plain, aligned = outputs[False], outputs[True]
+    assert plain["loss_1"] == pytest.approx(aligned["loss_1"]) and plain["loss_1"] > 1.0  # depth 1: every chain
+    assert plain["loss_2"] > 1.0 and plain["loss_3"] > 1.0
+    assert aligned["loss_2"] < 1e-6 and aligned["loss_3"] < 1e-6  # misaligned chains no longer pull the head
+    for k in (1, 2, 3):
+        valid = batch.attention_mask[:, k:]  # (B, T - k) chains i whose label position i + k is real
+        starts = torch.arange(width - k)
+        expected = float((valid & (starts % 2 == 1)).sum()) / float(valid.sum())
+        assert plain[f"chain_{k}"] == pytest.approx(expected) == aligned[f"chain_{k}"]
+        assert plain[f"acc_{k}"] == pytest.approx(expected)  # right exactly where the chain is right

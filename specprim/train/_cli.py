@@ -41,6 +41,9 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa heads")
     parser.add_argument("--steps", type=int, help="unrolled depths (EAGLE-3 training-time test, MTP)")
     parser.add_argument("--loss-on", choices=("all", "assistant"), default="all")
+    parser.add_argument("--align", action="store_true",
+                        help="token-alignable training (EAGLE, MTP): a depth counts in the loss only where the "
+                             "draft's greedy tokens above it matched the target's")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -87,7 +90,7 @@ def train_command(args: argparse.Namespace) -> int:
             args.kind, target, tokenizer, args.out, data=data, config=config, features_dir=args.features,
             feature_model=feature_model, features_only=args.features_only, draft=draft,
             draft_vocab_size=args.draft_vocab_size, num_heads=args.num_heads, steps=args.steps,
-            loss_on=args.loss_on, init_from=args.init_from, batch_tokens=args.batch_tokens,
+            loss_on=args.loss_on, init_from=args.init_from, batch_tokens=args.batch_tokens, align=args.align,
         )
     except ValueError as error:
         raise SystemExit(f"specprim train: {error}") from error

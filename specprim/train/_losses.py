@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["greedy_accuracy", "soft_cross_entropy"]
+__all__ = ["greedy_accuracy", "greedy_hits", "soft_cross_entropy"]
 
 
 def _target_probs(topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, t2d: torch.Tensor | None,
@@ -49,12 +49,18 @@ def soft_cross_entropy(
     return (loss * weight).sum() / weight.sum().clamp(min=1.0)
 
 
-def greedy_accuracy(logits: torch.Tensor, topk_ids: torch.Tensor, mask: torch.Tensor,
-                    d2t: torch.Tensor | None = None) -> tuple[float, int]:
-    """(fraction of ``mask`` positions where the draft's argmax is the target's greedy token, positions counted)."""
+def greedy_hits(logits: torch.Tensor, topk_ids: torch.Tensor, d2t: torch.Tensor | None = None) -> torch.Tensor:
+    """(...) bool: where the draft's argmax (``logits`` (..., V_d), mapped through ``d2t`` to target ids) is the
+    target's greedy token ``topk_ids[..., 0]``."""
     guess = logits.argmax(-1)  # (...) draft ids
     if d2t is not None:
         guess = d2t[guess]
-    hits = (guess == topk_ids[..., 0]) & mask
+    return guess == topk_ids[..., 0]
+
+
+def greedy_accuracy(logits: torch.Tensor, topk_ids: torch.Tensor, mask: torch.Tensor,
+                    d2t: torch.Tensor | None = None) -> tuple[float, int]:
+    """(fraction of ``mask`` positions where the draft's argmax is the target's greedy token, positions counted)."""
+    hits = greedy_hits(logits, topk_ids, d2t) & mask
     count = int(mask.sum())
     return (float(hits.sum()) / count if count else 0.0), count

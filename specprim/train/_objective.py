@@ -20,7 +20,7 @@ from specprim.drafters import EagleHead, MTPHead
 from specprim.drafters._vocab import target_to_draft
 from specprim.masks import additive_mask
 from specprim.train._features import FeatureBatch, _normalise_layers
-from specprim.train._losses import greedy_accuracy, soft_cross_entropy
+from specprim.train._losses import greedy_accuracy, greedy_hits, soft_cross_entropy
 
 __all__ = ["EagleObjective", "MTPObjective", "Objective", "ObjectiveOutput", "unrolled_mask"]
 
@@ -94,9 +94,17 @@ class _UnrolledObjective(Objective):
     Step ``k`` of chain ``i`` takes the token ``x_{i+k+1}`` and the state predicted by step ``k - 1`` (the real
     input feature at step 0), sits at position ``i + k``, and is scored against the target's next-token
     distribution at position ``i + k + 1``. Step losses are weighted ``step_decay ** k`` (EAGLE-3's 0.8).
+
+    ``align`` (token-alignable training, after GRIFFIN): step ``k`` of a chain counts in the loss only where the
+    draft's greedy tokens of steps ``0 .. k - 1`` were all the target's, the only chains whose depth ``k + 1`` greedy
+    verification ever reaches; misaligned chains (whose teacher-forced inputs the draft would never have produced)
+    no longer pull the head. Every step's metrics count all positions either way, and ``chain_{k+1}`` is the
+    fraction of chains whose first ``k + 1`` greedy tokens all match: the probability that a greedy chain of that
+    depth is accepted whole, so ``1 + sum_k chain_k`` is a held-out, teacher-forced estimate of a greedy chain's tau.
     """
 
-    def __init__(self, steps: int, loss_on: LossOn, greedy: bool, step_decay: float, ce_weight: float = 1.0) -> None:
+    def __init__(self, steps: int, loss_on: LossOn, greedy: bool, step_decay: float, ce_weight: float = 1.0,
+                 align: bool = False) -> None:
         super().__init__()
         if steps < 1:
             raise ValueError(f"steps must be >= 1, got {steps}")
@@ -105,7 +113,7 @@ class _UnrolledObjective(Objective):
         if loss_on not in ("all", "assistant"):
             raise ValueError(f"loss_on must be 'all' or 'assistant', got {loss_on!r}")
         self.steps, self.loss_on, self.greedy, self.step_decay = steps, loss_on, greedy, step_decay
-        self.ce_weight = ce_weight
+        self.ce_weight, self.align = ce_weight, align
 
     @abc.abstractmethod
     def initial_state(self, batch: FeatureBatch) -> torch.Tensor:
@@ -152,17 +160,21 @@ class _UnrolledObjective(Objective):
         d2t, t2d = self.vocab_maps()
         total = torch.zeros((), dtype=torch.float32, device=batch.input_ids.device)
         metrics: dict[str, float] = {}
+        aligned = torch.ones_like(labels_mask[:, :length])  # (B, n) chains whose greedy tokens all matched so far
         for k, (state, logits) in enumerate(self.unroll(batch)):
             valid = _shift(labels_mask, k + 1, length, fill=False)  # (B, n) label position i + k + 1 is real
             top_ids = _shift(batch.topk_ids, k + 1, length)  # (B, n, K)
             top_logprobs = _shift(batch.topk_logprobs, k + 1, length, fill=float("-inf"))
-            loss = self.ce_weight * soft_cross_entropy(logits, top_ids, top_logprobs, valid, t2d=t2d,
+            trained = valid & aligned if self.align else valid
+            loss = self.ce_weight * soft_cross_entropy(logits, top_ids, top_logprobs, trained, t2d=t2d,
                                                        greedy=self.greedy)
             extra = self.extra_loss(state, batch, k + 1, valid)
             if extra is not None:
                 loss = loss + extra
             total = total + self.step_decay ** k * loss
             metrics[f"acc_{k + 1}"] = greedy_accuracy(logits.detach(), top_ids, valid, d2t)[0]
+            aligned = aligned & greedy_hits(logits.detach(), top_ids, d2t)
+            metrics[f"chain_{k + 1}"] = float((aligned & valid).sum()) / max(int(valid.sum()), 1)
             metrics[f"loss_{k + 1}"] = float(loss.detach())
         metrics["loss"] = float(total.detach())
         return ObjectiveOutput(loss=total, metrics=metrics)
@@ -179,11 +191,12 @@ class EagleObjective(_UnrolledObjective):
     """
 
     def __init__(self, head: EagleHead, *, steps: int | None = None, loss_on: LossOn = "all", greedy: bool = False,
-                 step_decay: float = 0.8, feature_weight: float | None = None, ce_weight: float | None = None) -> None:
+                 step_decay: float = 0.8, feature_weight: float | None = None, ce_weight: float | None = None,
+                 align: bool = False) -> None:
         version = head.config.version
         super().__init__(
             steps if steps is not None else (3 if version == 3 else 1), loss_on, greedy, step_decay,
-            ce_weight=(0.1 if version == 1 else 1.0) if ce_weight is None else ce_weight,
+            ce_weight=(0.1 if version == 1 else 1.0) if ce_weight is None else ce_weight, align=align,
         )
         self.module = head
         self.layers = _normalise_layers(head.config.feature_layers, head.config.target_num_layers)
@@ -222,8 +235,8 @@ class MTPObjective(_UnrolledObjective):
     over ``steps`` depths with the same lineage attention the drafter uses (default 3 steps)."""
 
     def __init__(self, head: MTPHead, *, steps: int = 3, loss_on: LossOn = "all", greedy: bool = False,
-                 step_decay: float = 0.8, num_target_layers: int) -> None:
-        super().__init__(steps, loss_on, greedy, step_decay)
+                 step_decay: float = 0.8, num_target_layers: int, align: bool = False) -> None:
+        super().__init__(steps, loss_on, greedy, step_decay, align=align)
         self.module = head
         self.layers = (num_target_layers,)
 

@@ -133,11 +133,16 @@ def _saved_module(kind: str, target: Any, init_from: str | os.PathLike[str]) -> 
 
 def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: Any = None,
                     draft_vocab_size: int | None = None, num_heads: int = 4, steps: int | None = None,
-                    loss_on: str = "all", init_from: str | os.PathLike[str] | None = None) -> Objective:
+                    loss_on: str = "all", init_from: str | os.PathLike[str] | None = None,
+                    align: bool = False) -> Objective:
     """A draft module of ``kind`` for ``target`` wrapped in its objective: freshly initialised, or the saved head
-    ``init_from`` (its own config and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored)."""
+    ``init_from`` (its own config and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored).
+    ``align``: token-alignable training of the unrolled heads (EAGLE, MTP; see
+    :class:`specprim.train.EagleObjective`); ``ValueError`` for other kinds."""
     if kind not in KINDS:
         raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
+    if align and kind not in ("eagle3", "eagle", "mtp"):
+        raise ValueError(f"align trains unrolled draft depths (eagle3, eagle, mtp); {kind!r} drafts none")
     if kind == "distill":
         from specprim.train._lm import DistillObjective
 
@@ -151,9 +156,9 @@ def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: A
               else _saved_module(kind, target, init_from))
     num_layers = int(target.config.get_text_config().num_hidden_layers)
     if kind in ("eagle3", "eagle"):
-        return EagleObjective(module, steps=steps, loss_on=loss_on)
+        return EagleObjective(module, steps=steps, loss_on=loss_on, align=align)
     if kind == "mtp":
-        return MTPObjective(module, steps=steps or 3, loss_on=loss_on, num_target_layers=num_layers)
+        return MTPObjective(module, steps=steps or 3, loss_on=loss_on, num_target_layers=num_layers, align=align)
     from specprim.train._medusa import MedusaObjective
 
     return MedusaObjective(module, num_target_layers=num_layers, loss_on=loss_on)
@@ -178,6 +183,7 @@ def train_drafter(
     init_from: str | os.PathLike[str] | None = None,
     batch_tokens: int = 8192,
     progress: bool = True,
+    align: bool = False,
 ) -> Path:
     """Train a draft module of ``kind`` for ``target`` end to end; returns ``output_dir / "run" / "head"``.
 
@@ -186,6 +192,8 @@ def train_drafter(
     residual blocks starting as the identity as in Medusa-1),
     ``"mtp"`` (DeepSeek-V3 MTP module) or ``"distill"`` (the causal LM ``draft``, for ``ModelDrafter``). Rerunning
     with the same ``output_dir`` resumes whichever stage was interrupted.
+
+    ``align`` trains the unrolled depths token-alignably (see :class:`specprim.train.EagleObjective`).
 
     ``init_from`` continues training a saved head (a directory or a shipped head's name) instead of a fresh one,
     e.g. on a new, larger feature cache in a new ``output_dir``.
@@ -206,11 +214,12 @@ def train_drafter(
     dataset = FeatureDataset(directory, batch_tokens=batch_tokens, max_length=data.max_length, seed=config.seed,
                              holdout=data.holdout)
     objective = build_objective(kind, target, dataset, draft=draft, draft_vocab_size=draft_vocab_size,
-                                num_heads=num_heads, steps=steps, loss_on=loss_on, init_from=init_from)
+                                num_heads=num_heads, steps=steps, loss_on=loss_on, init_from=init_from, align=align)
     (output / "run").mkdir(exist_ok=True)
     (output / "run" / "settings.json").write_text(json.dumps({
         "kind": kind, "data": dataclasses.asdict(data), "train": dataclasses.asdict(config),
         "draft_vocab_size": draft_vocab_size, "num_heads": num_heads, "steps": steps, "loss_on": loss_on,
+        "align": align,
         "batch_tokens": batch_tokens, "features": str(directory),
         "init_from": None if init_from is None else os.fspath(init_from),
     }, indent=1))
