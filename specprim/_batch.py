@@ -84,7 +84,8 @@ def batch_generate(
             ``padding_side="left"``; ``None`` means no padding.
         drafter: a sequence of ``B`` distinct drafters, one per row (drafters keep per-sequence state; they may
             share modules, e.g. one EAGLE head). A single drafter is accepted for ``B == 1`` only.
-        pad_token_id: fills the right padding of finished rows; default the first ``eos_token_id``, else 0.
+        pad_token_id: fills the right padding of finished rows (``speculative_generate`` passes the model's
+            ``generation_config.pad_token_id``); ``None``: the first ``eos_token_id``, else 0.
         The other arguments are those of :func:`specprim.speculative_generate`.
 
     Each step, every unfinished row's drafter proposes a tree from that row's own unpadded ids (and, for

@@ -23,7 +23,8 @@ ARCHITECTURES = ("llama", "qwen2", "gpt2", "gemma3")
 def tiny_causal_lm(
     arch: str, seed: int = 0, vocab: int = VOCAB, positions: int = 256, window: int | None = None, layers: int = 2
 ) -> torch.nn.Module:
-    """A ``layers``-layer random model of ``arch`` with a ``vocab``-token vocabulary, in eval mode.
+    """A ``layers``-layer random model of ``arch`` with a ``vocab``-token vocabulary, in eval mode, whose
+    generation config names no EOS (``t1`` is the tokenizer's EOS).
 
     Gemma-3 gets a sliding window of ``window`` (default: ``positions``, so every layer sees everything).
     """
@@ -39,7 +40,11 @@ def tiny_causal_lm(
         "gemma3": lambda: Gemma3ForCausalLM(Gemma3TextConfig(**common, head_dim=8, sliding_window=window or positions)),
     }
     torch.manual_seed(seed)
-    return configs[arch]().eval()
+    model = configs[arch]().eval()
+    # Parity tests decode whole budgets: no EOS in the generation config (which speculative_generate, like
+    # generate, reads by default); a test about EOS passes one or sets the config's.
+    model.generation_config.eos_token_id = None
+    return model
 
 
 def tiny_tokenizer() -> PreTrainedTokenizerFast:

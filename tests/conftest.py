@@ -1,8 +1,6 @@
 import pytest
 import torch
 
-from specprim.recipes import Recipe, _measure
-
 # Tests run many small tensor ops: one intra-op thread is much faster and steadier on a 2-core machine.
 torch.set_num_threads(1)
 
@@ -10,6 +8,9 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _quick_auto_measurement(tmp_path_factory, monkeypatch):
     """``auto`` on a target without a shipped recipe measures its candidates: in tests only prompt lookup (no
-    datastore to build), with the measured choices kept out of the user's cache."""
+    datastore to build), with the measured choices kept out of the user's cache. (Imported here, not at the top: some
+    test modules check what importing specprim does first.)"""
+    from specprim.recipes import Recipe, _measure
+
     monkeypatch.setattr(_measure, "CANDIDATES", (Recipe(),))
     monkeypatch.setattr(_measure, "cache_root", lambda: tmp_path_factory.getbasetemp() / "auto")

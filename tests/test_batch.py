@@ -199,7 +199,7 @@ def test_rows_stop_at_eos_and_budget_and_leave_the_batch():
         expected = expected[: int((expected == eos).nonzero()[0, 0]) + 1] if (expected == eos).any() else expected
         generated = out.sequences[row, width:]
         assert torch.equal(generated[: len(expected)], expected)
-        assert (generated[len(expected):] == eos).all()  # pad_token_id defaults to the eos id
+        assert (generated[len(expected):] == target.generation_config.pad_token_id).all()  # the config's, as generate
         assert int(out.attention_mask[row].sum()) == len(prompt) + len(expected)
         lengths.append(len(expected))
     assert lengths[0] <= 5 and out.sequences.shape[1] == width + max(lengths)
