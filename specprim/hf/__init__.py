@@ -17,23 +17,14 @@ from specprim.hf._truncate import num_layers, truncated_view
 from specprim.hf._windowed_attention import windowed_attention, windowed_sdpa_forward
 
 __all__ = [
-    "QUERY_BUCKETS",
     "BatchedHFTarget",
     "HFTarget",
     "LMDraftModel",
     "StaticLMDraftModel",
     "StaticTarget",
-    "WarmShapes",
-    "check_causal_lm",
     "chat_input_ids",
     "check_tokenizers_compatible",
     "context_length",
-    "input_device",
-    "num_layers",
-    "query_bucket",
-    "sliding_window",
     "truncated_view",
-    "vocab_size",
     "windowed_attention",
-    "windowed_sdpa_forward",
 ]

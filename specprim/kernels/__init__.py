@@ -21,15 +21,8 @@ from specprim.kernels._tree_attention import (
 )
 
 __all__ = [
-    "ATTENTION_NAME",
-    "dense_tree_mask",
-    "interpreter_requested",
-    "kernel_supports_device",
-    "register_tree_attention",
     "tree_attention",
-    "tree_attention_forward",
     "tree_attention_reference",
-    "tree_block_mask",
     "triton_available",
     "use_tree_kernel",
 ]

@@ -22,12 +22,9 @@ __all__ = [
     "Built",
     "Choice",
     "Recipe",
-    "add_recipe_arguments",
     "auto",
-    "given_fields",
     "load_draft",
     "load_recipe",
     "load_target",
-    "recipe_from_args",
     "shipped_recipes",
 ]
