@@ -133,22 +133,28 @@ def measure(
     results = []
     for recipe in candidates:
         built = recipe.build(model, tokenizer, draft=load_draft(recipe, tokenizer))
-        accepted, steps = [], []
-
-        def speculative(ids: torch.Tensor, tokens: int, built: Any = built) -> int:
-            out = built.generate(ids, max_new_tokens=tokens, temperature=temperature, eos_token_id=eos,
-                                 generator=torch.Generator().manual_seed(0))
-            accepted.append(sum(out.stats.accepted))
-            steps.append(out.stats.steps)
-            return out.sequences.shape[1] - ids.shape[1]
-
-        speculative(inputs[0], 4)  # warm-up
-        accepted.clear(), steps.clear()
-        rate = _rate([lambda ids=ids: speculative(ids, max_new_tokens) for ids in inputs])
-        tau = (sum(accepted) + sum(steps)) / max(sum(steps), 1)
+        rate, tau = _speculative_rate(built, inputs, max_new_tokens, temperature, eos)
         results.append(Measured(recipe=recipe, tau=tau, speedup=rate / plain_rate))
         logger.info("auto: %s ran %.2fx plain generate (tau %.2f)", recipe, rate / plain_rate, tau)
     return results
+
+
+def _speculative_rate(built: Any, inputs: list[torch.Tensor], max_new_tokens: int, temperature: float,
+                      eos: int | None) -> tuple[float, float]:
+    """``(tokens per second, tau)`` of ``built`` decoding every (1, T) prompt of ``inputs``, after a warm-up."""
+    stats = []
+
+    def speculative(ids: torch.Tensor, tokens: int) -> int:
+        out = built.generate(ids, max_new_tokens=tokens, temperature=temperature, eos_token_id=eos,
+                             generator=torch.Generator().manual_seed(0))
+        stats.append(out.stats)
+        return out.sequences.shape[1] - ids.shape[1]
+
+    speculative(inputs[0], 4)  # warm-up
+    stats.clear()
+    rate = _rate([lambda ids=ids: speculative(ids, max_new_tokens) for ids in inputs])
+    steps = sum(s.steps for s in stats)
+    return rate, (sum(sum(s.accepted) for s in stats) + steps) / max(steps, 1)
 
 
 def _rate(runs: list[Any]) -> float:
@@ -162,7 +168,7 @@ def read_cached(path: Path) -> tuple[Recipe, float, str] | None:
     """``(recipe, speedup, when)`` of a cached choice, or ``None`` when there is none (or it is unreadable)."""
     try:
         data = json.loads(path.read_text())
-        return Recipe.parse(data["recipe"]), float(data["speedup"]), str(data["measured_at"])
+        return Recipe.from_dict(data["recipe"]), float(data["speedup"]), str(data["measured_at"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -170,7 +176,7 @@ def read_cached(path: Path) -> tuple[Recipe, float, str] | None:
 def write_cached(path: Path, best: Measured, results: list[Measured]) -> None:
     """Store the choice and every candidate's measurement (written whole, then renamed into place)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = {"recipe": str(best.recipe), "speedup": best.speedup, "tau": best.tau,
+    data = {"recipe": best.recipe.changes(), "recipe_line": str(best.recipe), "speedup": best.speedup, "tau": best.tau,
             "measured_at": time.strftime("%Y-%m-%d %H:%M"), "machine": machine_key(),
             "candidates": [{"recipe": str(m.recipe), "speedup": m.speedup, "tau": m.tau} for m in results]}
     staged = path.with_suffix(".partial")
