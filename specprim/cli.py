@@ -74,11 +74,7 @@ def generate_command(args: argparse.Namespace) -> int:
     eos = tokenizer.eos_token_id
 
     def plain(max_new_tokens: int) -> torch.Tensor:
-        extra = dict(do_sample=True, temperature=args.temperature, top_k=args.top_k or 0,
-                     top_p=args.top_p or 1.0) if args.temperature > 0 else dict(do_sample=False)
-        with models.stock_kernels():  # plain generate: the same weights as transformers computes them
-            return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                  eos_token_id=eos, pad_token_id=eos, **extra)
+        return recipes.plain_generate(model, ids, max_new_tokens, eos_token_id=eos, **sampling)
 
     def speculative(max_new_tokens: int):
         generator = torch.Generator().manual_seed(args.seed)

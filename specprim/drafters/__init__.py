@@ -6,14 +6,11 @@ Model-based drafters are a `TreeDraftModel` (what predicts the next token) plus 
 
 from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._base import Drafter
-from specprim.drafters._datastore import Datastore, DatastoreLookup
-from specprim.drafters._datastore import tokenizer_fingerprint as tokenizer_fingerprint
+from specprim.drafters._datastore import Datastore, DatastoreLookup, tokenizer_fingerprint
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
 from specprim.drafters._eagle_export import export_eagle3, import_eagle
-from specprim.drafters._eagle_head import EagleConfig, EagleHead
-from specprim.drafters._eagle_head import EagleOutput as EagleOutput
-from specprim.drafters._eagle_head import default_feature_layers as default_feature_layers
-from specprim.drafters._eagle_static import StaticEagleDraftModel as StaticEagleDraftModel
+from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
+from specprim.drafters._eagle_static import StaticEagleDraftModel
 from specprim.drafters._early_exit import EarlyExit
 from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHeads, default_medusa_tree
 from specprim.drafters._model import ModelDrafter, lm_draft_vocab
@@ -22,8 +19,7 @@ from specprim.drafters._prompt_lookup import PromptLookup
 from specprim.drafters._static import static_drafting
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
-from specprim.drafters._vocab import count_tokens as count_tokens
-from specprim.drafters._vocab import draft_vocab
+from specprim.drafters._vocab import count_tokens, draft_vocab
 
 __all__ = [
     "Datastore",

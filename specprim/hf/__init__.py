@@ -3,31 +3,18 @@
 from specprim.hf._batched_target import BatchedHFTarget
 from specprim.hf._draft_lm import LMDraftModel
 from specprim.hf._static_draft_lm import StaticLMDraftModel
-from specprim.hf._static_target import QUERY_BUCKETS as QUERY_BUCKETS
-from specprim.hf._static_target import StaticTarget
-from specprim.hf._static_target import WarmShapes as WarmShapes
-from specprim.hf._static_target import query_bucket as query_bucket
+from specprim.hf._static_target import QUERY_BUCKETS, StaticTarget, WarmShapes, query_bucket
 from specprim.hf._target import (
     HFTarget,
+    check_causal_lm,
     context_length,
-)
-from specprim.hf._target import (
-    check_causal_lm as check_causal_lm,
-)
-from specprim.hf._target import (
-    input_device as input_device,
-)
-from specprim.hf._target import (
-    sliding_window as sliding_window,
-)
-from specprim.hf._target import (
-    vocab_size as vocab_size,
+    input_device,
+    sliding_window,
+    vocab_size,
 )
 from specprim.hf._tokenizers import chat_input_ids, check_tokenizers_compatible
-from specprim.hf._truncate import num_layers as num_layers
-from specprim.hf._truncate import truncated_view
-from specprim.hf._windowed_attention import windowed_attention
-from specprim.hf._windowed_attention import windowed_sdpa_forward as windowed_sdpa_forward
+from specprim.hf._truncate import num_layers, truncated_view
+from specprim.hf._windowed_attention import windowed_attention, windowed_sdpa_forward
 
 __all__ = [
     "BatchedHFTarget",

@@ -7,27 +7,15 @@ kernel launch (for tests). See ``docs/kernels.md``.
 """
 
 from specprim.kernels._hf_attention import (
-    ATTENTION_NAME as ATTENTION_NAME,
-)
-from specprim.kernels._hf_attention import (
-    register_tree_attention as register_tree_attention,
-)
-from specprim.kernels._hf_attention import (
-    tree_attention_forward as tree_attention_forward,
-)
-from specprim.kernels._hf_attention import (
+    ATTENTION_NAME,
+    register_tree_attention,
+    tree_attention_forward,
     use_tree_kernel,
 )
-from specprim.kernels._reference import dense_tree_mask as dense_tree_mask
-from specprim.kernels._reference import tree_attention_reference
-from specprim.kernels._reference import tree_block_mask as tree_block_mask
+from specprim.kernels._reference import dense_tree_mask, tree_attention_reference, tree_block_mask
 from specprim.kernels._tree_attention import (
-    interpreter_requested as interpreter_requested,
-)
-from specprim.kernels._tree_attention import (
-    kernel_supports_device as kernel_supports_device,
-)
-from specprim.kernels._tree_attention import (
+    interpreter_requested,
+    kernel_supports_device,
     tree_attention,
     triton_available,
 )

@@ -7,36 +7,23 @@ pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels); ``lo
 :func:`compile_forward` run a ``torch.compile``d forward. See ``docs/models.md``.
 """
 
-from specprim.models._compile import compile_forward
-from specprim.models._compile import eager_forward as eager_forward
-from specprim.models._compile import is_compiled as is_compiled
-from specprim.models._datastores import datastore_path as datastore_path
-from specprim.models._datastores import known_datastores, load_datastore, read_texts
-from specprim.models._fetch import ModelFetchError
-from specprim.models._fetch import assemble_gguf as assemble_gguf
-from specprim.models._fetch import check_gguf as check_gguf
-from specprim.models._heads import head_info as head_info
-from specprim.models._heads import head_path as head_path
-from specprim.models._heads import known_heads, load_head, shipped_head
+from specprim.models._compile import compile_forward, eager_forward, is_compiled
+from specprim.models._datastores import datastore_path, known_datastores, load_datastore, read_texts
+from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
+from specprim.models._heads import head_info, head_path, known_heads, load_head, shipped_head
 from specprim.models._load import (
     cache_dir,
+    ensure_cached,
     gguf_path,
+    known_name,
     load,
     load_config,
     load_tokenizer,
 )
-from specprim.models._load import (
-    ensure_cached as ensure_cached,
-)
-from specprim.models._load import (
-    known_name as known_name,
-)
-from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights
-from specprim.models._pack import stock_kernels as stock_kernels
+from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights, stock_kernels
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
 from specprim.models._quantize import Int4Linear, Int8Linear, quantize_weights
-from specprim.models._registry import KNOWN_MODELS, EmbeddedModel
-from specprim.models._registry import WheelPart as WheelPart
+from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
 
 __all__ = [
     "KNOWN_MODELS",

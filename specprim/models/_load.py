@@ -178,9 +178,9 @@ def ensure_cached(model: EmbeddedModel, dtype: torch.dtype | str = torch.float32
     ``cache_dir() / name``. A half-precision copy holds exactly the fp32 weights rounded to that dtype, what
     ``from_pretrained(fp32 copy, dtype=...)`` gives.
     """
-    half = _half_precision(dtype)
     final = _cache_path(model, dtype)
     if not final.is_dir():
+        half = _half_precision(dtype)
         fp32 = cache_dir() / model.name
         _convert(model, final, half or torch.float32, fp32 if half is not None and fp32.is_dir() else None)
     return final

@@ -93,7 +93,7 @@ def auto(target: str | Any, *, temperature: float = 0.0, dtype: str | None = Non
     source = target if isinstance(target, str) else str(getattr(target, "name_or_path", "") or "")
     if measure and source:
         try:
-            return _measured(source, temperature, dtype or _measure.default_dtype())
+            return _measured(source, mode, temperature, dtype or _measure.default_dtype())
         except OSError as error:
             return _unmeasured(dtype, f"{source} could not be loaded to measure ({error})")
     return _unmeasured(dtype, f"no recipe ships for {name or source or 'this model'}")
@@ -104,9 +104,9 @@ def _unmeasured(dtype: str | None, why: str) -> Choice:
                   reason=f"{why}: prompt lookup, unmeasured (train a head with `specprim train` for more)")
 
 
-def _measured(target: str, temperature: float, dtype: str) -> Choice:
-    """The fastest candidate measured here for ``target``: read from the per-machine cache, else measured."""
-    mode = "greedy" if temperature == 0 else "sampled"
+def _measured(target: str, mode: str, temperature: float, dtype: str) -> Choice:
+    """The fastest candidate measured here for ``target`` in decoding ``mode``: read from the per-machine cache,
+    else measured."""
     path = _measure.cache_path(target, models.load_config(target), dtype, mode)
     basis = f"on {len(_measure.CALIBRATION_PROMPTS)} calibration prompts, this machine"
     cached = _measure.read_cached(path)

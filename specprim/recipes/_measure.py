@@ -119,13 +119,9 @@ def measure(
     candidate's tokens-per-second ratio to plain."""
     inputs = [chat_input_ids(tokenizer, prompt) for prompt in prompts]
     eos = tokenizer.eos_token_id
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(
-        do_sample=False)
 
     def plain(ids: torch.Tensor, tokens: int) -> int:
-        with models.stock_kernels():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, eos_token_id=eos,
-                                 pad_token_id=eos, **sampling)
+        out = plain_generate(model, ids, tokens, temperature=temperature, eos_token_id=eos)
         return out.shape[1] - ids.shape[1]
 
     plain(inputs[0], 4)  # warm-up
@@ -137,6 +133,19 @@ def measure(
         results.append(Measured(recipe=recipe, tau=tau, speedup=rate / plain_rate))
         logger.info("auto: %s ran %.2fx plain generate (tau %.2f)", recipe, rate / plain_rate, tau)
     return results
+
+
+def plain_generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                   top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None
+                   ) -> torch.Tensor:
+    """The baseline every speedup is measured against: ``model.generate`` on ``ids`` (1, T) with the stock kernels
+    (the weights as transformers computes them), greedy at ``temperature == 0``, padded with the EOS id. Returns
+    (1, T + n) ids."""
+    sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or 0, top_p=top_p or 1.0) if (
+        temperature > 0) else dict(do_sample=False)
+    with models.stock_kernels():
+        return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                              eos_token_id=eos_token_id, pad_token_id=eos_token_id, **sampling)
 
 
 def _speculative_rate(built: Any, inputs: list[torch.Tensor], max_new_tokens: int, temperature: float,

@@ -11,17 +11,12 @@
   candidate and the cost model.
 """
 
-from specprim._stats import SiblingOutcome as SiblingOutcome
-from specprim._stats import sibling_outcomes as sibling_outcomes
-from specprim.speedup._acceptance import RankAcceptance
-from specprim.speedup._acceptance import sibling_ranks as sibling_ranks
-from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs
-from specprim.speedup._costs import padded_sizes as padded_sizes
+from specprim._stats import SiblingOutcome, sibling_outcomes
+from specprim.speedup._acceptance import RankAcceptance, sibling_ranks
+from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs, padded_sizes
 from specprim.speedup._model import Prediction, TreeChoice, best_tree, expected_tau, predict
-from specprim.speedup._tune import PROBE_TREE as PROBE_TREE
-from specprim.speedup._tune import TuneResult, tune
-from specprim.speedup._union import LOOKUP_LENGTHS as LOOKUP_LENGTHS
-from specprim.speedup._union import LookupChoice, LookupRow, predict_replayed, tune_lookup
+from specprim.speedup._tune import PROBE_TREE, TuneResult, tune
+from specprim.speedup._union import LOOKUP_LENGTHS, LookupChoice, LookupRow, predict_replayed, tune_lookup
 
 __all__ = [
     "CostModel",

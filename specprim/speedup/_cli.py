@@ -9,12 +9,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from specprim.recipes import add_recipe_arguments, recipe_from_args
 from specprim.speedup._union import LOOKUP_LENGTHS
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 LOOKUP = "prompt-lookup"
 TUNED_HERE = ("--max-nodes", "--tree", "--num-draft")
 """Recipe options ``tune`` does not take: it chooses the tree, and ``--max-nodes`` is its largest tree."""

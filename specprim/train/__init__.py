@@ -10,22 +10,15 @@ train`` command runs all of it. See ``docs/train.md``.
 from specprim.train._data import (
     Example,
     load_conversations,
+    read_jsonl_conversations,
+    render,
+    render_all,
     sharegpt_conversations,
-)
-from specprim.train._data import (
-    read_jsonl_conversations as read_jsonl_conversations,
-)
-from specprim.train._data import (
-    render as render,
-)
-from specprim.train._data import (
-    render_all as render_all,
 )
 from specprim.train._distill import self_distill
 from specprim.train._features import FeatureBatch, FeatureDataset, build_feature_cache
 from specprim.train._lm import DistillObjective
-from specprim.train._losses import greedy_accuracy as greedy_accuracy
-from specprim.train._losses import soft_cross_entropy
+from specprim.train._losses import greedy_accuracy, soft_cross_entropy
 from specprim.train._medusa import MedusaObjective
 from specprim.train._objective import EagleObjective, MTPObjective, Objective, ObjectiveOutput, unrolled_mask
 from specprim.train._pipeline import KINDS, DataConfig, train_drafter
