@@ -57,6 +57,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (16 with --quick)")
     parser.add_argument("--budget-s", type=float, default=400.0, help="skip sections that would start after this")
     parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile runs")
+    parser.add_argument("--model", default=MODEL,
+                        help=f"end-to-end target: a known name or local path (default {MODEL})")
+    parser.add_argument("--random-weights", action="store_true",
+                        help="initialize the end-to-end target from its config (seed 0) instead of loading weights: "
+                             "for a machine that cannot fetch them (a folder with config and tokenizer is enough); "
+                             "parity and step costs stay meaningful, acceptance and speed-ups do not")
     parser.add_argument("--sections", nargs="+", default=["kernel_check", "attention_bench", "end_to_end"],
                         choices=["kernel_check", "attention_bench", "end_to_end"])
     return parser.parse_args(argv)
@@ -276,6 +282,13 @@ class Methods:
         out = method.generate(self.model, ids, max_new_tokens=new, eos_token_id=self.eos)
         return out.sequences, out.stats
 
+    def specprim_prompt_lookup(self, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, Any]:
+        from specprim import presets
+
+        method = presets.from_name("prompt-lookup", target=self.model)
+        out = method.generate(self.model, ids, max_new_tokens=new, eos_token_id=self.eos)
+        return out.sequences, out.stats
+
     def specprim_kernel(self, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, Any]:
         from specprim.kernels import use_tree_kernel
 
@@ -313,9 +326,7 @@ def end_to_end(device: torch.device, args: argparse.Namespace, report: Report) -
 
 def _end_to_end_one_dtype(dtype_name: str, device: torch.device, args: argparse.Namespace, max_new: int,
                           results: dict[str, Any], report: Report) -> None:
-    from specprim import models
-
-    model, tokenizer = models.load(MODEL, dtype=DTYPES[dtype_name])
+    model, tokenizer = load_target(args.model, DTYPES[dtype_name], args.random_weights)
     model.to(device)
     prompts = prompt_ids(tokenizer, device, args.quick)
     methods = Methods(model, tokenizer.eos_token_id)
@@ -323,6 +334,7 @@ def _end_to_end_one_dtype(dtype_name: str, device: torch.device, args: argparse.
         ("hf_generate", methods.hf_generate, 20),
         ("specprim_eager_sdpa", methods.specprim_sdpa, 20),
         ("specprim_eager_kernel", methods.specprim_kernel, 20),
+        ("specprim_prompt_lookup", methods.specprim_prompt_lookup, 20),
     ]
     if not args.skip_compile:
         plan.append(("specprim_compiled_sdpa", methods.specprim_compiled, 150))
@@ -342,6 +354,19 @@ def _end_to_end_one_dtype(dtype_name: str, device: torch.device, args: argparse.
         report.save("end_to_end", results)
     results["parity"].extend(_parity(dtype_name, outputs))
     report.save("end_to_end", results)
+
+
+def load_target(name: str, dtype: torch.dtype, random_weights: bool) -> tuple[Any, Any]:
+    """The end-to-end target and its tokenizer: loaded, or built from its config with seeded random weights."""
+    from specprim import models
+
+    if not random_weights:
+        return models.load(name, dtype=dtype)
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(name), dtype=dtype).eval()
+    return model, AutoTokenizer.from_pretrained(name)
 
 
 def _time_method(run: Callable, prompts: list[torch.Tensor], max_new: int, device: torch.device,
@@ -393,7 +418,7 @@ def environment(device: torch.device) -> dict[str, Any]:
 
     info: dict[str, Any] = dict(python=platform.python_version(), torch=torch.__version__,
                                 transformers=transformers.__version__, device=str(device),
-                                triton_interpret=os.environ.get("TRITON_INTERPRET", ""))
+                                triton_interpret=os.environ.get("TRITON_INTERPRET", ""), argv=sys.argv[1:])
     if triton_available():
         import triton
 
@@ -435,7 +460,9 @@ def main(argv: list[str] | None = None) -> int:
                     ["dtype", "N", "P", "kernel_ms", "sdpa_ms", "speedup", "note"])
     if "end_to_end" in args.sections:
         results = end_to_end(device, args, report)
-        print_table(f"end to end, {MODEL}, greedy, {results['max_new_tokens']} new tokens", results["rows"],
+        weights = "random weights" if args.random_weights else "trained weights"
+        title = f"end to end, {args.model} ({weights}), greedy, {results['max_new_tokens']} new tokens"
+        print_table(title, results["rows"],
                     ["dtype", "method", "tokens_per_s", "tau", "seconds", "warmup_s", "new_tokens", "note"])
         print_table("greedy parity with model.generate", results["parity"],
                     ["dtype", "method", "identical_to_hf_generate", "detail"])
