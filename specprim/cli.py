@@ -129,6 +129,8 @@ def _method_name(name: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specprim", description="Speculative decoding primitives.")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of a failure (accepted anywhere on the command line)")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser(
         "generate", help="speculative generation; prints the text, tau and the speedup over plain decoding",
@@ -179,9 +181,32 @@ def _show_progress() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run a command. A failure prints one line (``specprim COMMAND: error: ...``) and returns 1, an interrupt
+    returns 130; ``--debug`` anywhere on the line lets the traceback through instead."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in words
+    args = build_parser().parse_args([word for word in words if word != "--debug"])
     _show_progress()
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print(f"specprim {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        if debug:
+            raise
+        print(f"specprim {args.command}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(error: Exception) -> str:
+    """The first line of ``error``'s message, prefixed by its type unless that is a plain value, runtime or OS
+    error (whose messages say what went wrong by themselves)."""
+    lines = str(error).strip().splitlines()
+    message = lines[0] if lines else ""
+    if isinstance(error, (ValueError, RuntimeError, OSError)) and message:
+        return message
+    return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
 
 if __name__ == "__main__":

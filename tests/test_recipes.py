@@ -3,6 +3,7 @@ command lines that take them."""
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 
@@ -86,7 +87,8 @@ def test_lossless_and_numerics_say_what_the_recipe_changes():
     assert shipped.numerics == "bfloat16, compiled forwards" and shipped.lossless
 
 
-def test_auto_picks_the_tuned_recipe_by_mode_and_adapts_the_dtype():
+def test_auto_picks_the_tuned_recipe_by_mode_and_adapts_the_dtype(monkeypatch):
+    monkeypatch.setattr(_measure, "default_dtype", lambda: "bfloat16")  # a machine with native bfloat16
     greedy = recipes.auto("smollm2-135m-instruct")
     assert greedy.recipe == recipes.load_recipe(GREEDY) and greedy.expected_speedup > 1
     assert recipes.auto("smollm2-135m-instruct", temperature=0.7).recipe == recipes.load_recipe(SAMPLED)
@@ -100,6 +102,16 @@ def test_auto_picks_the_tuned_recipe_by_mode_and_adapts_the_dtype():
                for name in ("smollm2-135m-instruct", "x") for t in (0.0, 1.0))
     with pytest.raises(ValueError, match="temperature must be >= 0"):
         recipes.auto("x", temperature=-1)
+
+
+def test_auto_runs_the_tuned_recipe_in_float32_on_a_machine_without_native_bfloat16(monkeypatch):
+    monkeypatch.setattr(_measure, "default_dtype", lambda: "float32")  # e.g. an AVX2-only CPU
+    choice = recipes.auto("smollm2-135m-instruct")
+    tuned = recipes.load_recipe(GREEDY)
+    assert choice.recipe == dataclasses.replace(tuned, dtype="float32", pack=False)
+    assert choice.expected_speedup is None and "no native bfloat16" in choice.reason
+    asked = recipes.auto("smollm2-135m-instruct", dtype="bfloat16")  # an explicit dtype is kept
+    assert asked.recipe == tuned and asked.expected_speedup is not None
 
 
 def _saved_tiny_target(directory):
@@ -129,7 +141,8 @@ def test_auto_measures_an_unknown_target_once_per_machine_and_caches_the_fastest
     recipes.auto(target, temperature=1.0, dtype="float32")  # another mode, another measurement
     recipes.auto(target, dtype="bfloat16")  # another dtype, too: packed where the CPU computes bf16
     assert [t for _, t in measured] == [0.0, 1.0, 0.0] and len(list((tmp_path / "cache" / "auto").glob("*.json"))) == 3
-    assert all(c.dtype == "bfloat16" and c.pack != torch.cuda.is_available() for c in measured[-1][0])
+    packs = models.packing_supported() and not torch.cuda.is_available()
+    assert all(c.dtype == "bfloat16" and c.pack == packs for c in measured[-1][0])
     unreadable = recipes.auto(str(tmp_path / "missing"))
     assert unreadable.recipe == Recipe() and "could not be loaded to measure" in unreadable.reason
 
@@ -137,7 +150,7 @@ def test_auto_measures_an_unknown_target_once_per_machine_and_caches_the_fastest
 def test_a_known_target_with_a_draft_partner_measures_leviathan_too():
     big = _measure.candidates_for("qwen2.5-coder-1.5b-instruct", "bfloat16")
     assert big[-1] == Recipe(method="leviathan", draft="qwen2.5-coder-0.5b-instruct", dtype="bfloat16",
-                             pack=not torch.cuda.is_available())
+                             pack=models.packing_supported() and not torch.cuda.is_available())
     assert all(c.method != "leviathan" for c in _measure.candidates_for("qwen2.5-coder-0.5b-instruct", "float32"))
     assert all(c.dtype == "float32" and not c.pack for c in _measure.candidates_for("some/model", "float32"))
 
@@ -213,6 +226,7 @@ def test_bench_runs_recipes_and_auto_and_logs_them(tmp_path):
                   recipes={"bf16": Recipe(dtype="bfloat16")})
 
 
+@pytest.mark.skipif(not models.packing_supported(), reason="this CPU cannot pack bfloat16 weights")
 def test_bench_keeps_plain_baselines_when_a_recipe_packs_the_target():
     model, tokenizer = tiny_causal_lm("llama").to(torch.bfloat16), tiny_tokenizer()
     results = bench.run(target=model, tokenizer=tokenizer, methods=["hf", "hf-prompt-lookup"], prompts=["t5 t6"],
@@ -255,3 +269,19 @@ def test_generate_answers_text_with_a_recipe_and_streams(tmp_path):
     again = specprim.generate("t5 t6 t7 t5 t6", target=str(target), max_new_tokens=8,
                              recipe=dataclasses.replace(result.recipe, num_draft=2))
     assert again.text == result.text  # greedy, lossless: the same answer with another drafter
+
+
+def test_typed_options_replace_recipe_fields_and_drop_only_what_they_contradict():
+    from specprim.recipes import add_recipe_arguments, recipe_from_args
+
+    parser = argparse.ArgumentParser()
+    add_recipe_arguments(parser)
+    tuned = recipes.load_recipe(GREEDY)  # compiled, min_padded 4, packed bfloat16, a union with two datastores
+    eager = recipe_from_args(parser.parse_args(["--verifier", "eager"]), tuned)
+    assert eager == dataclasses.replace(tuned, verifier="eager", min_padded=0)
+    fp32 = recipe_from_args(parser.parse_args(["--dtype", "float32"]), tuned)
+    assert fp32 == dataclasses.replace(tuned, dtype="float32", pack=False)
+    single = recipe_from_args(parser.parse_args([]), tuned, method="eagle3")
+    assert single == dataclasses.replace(tuned, method="eagle3", max_nodes=None, datastores=())
+    with pytest.raises(ValueError, match="min_padded pads the static verifier"):  # both typed: a real conflict
+        recipe_from_args(parser.parse_args(["--verifier", "eager", "--min-padded", "4"]), tuned)

@@ -20,7 +20,7 @@ from specprim.models._load import (
     load_config,
     load_tokenizer,
 )
-from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights, stock_kernels
+from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights, packing_supported, stock_kernels
 from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
 from specprim.models._quantize import Int4Linear, Int8Linear, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
@@ -37,6 +37,7 @@ __all__ = [
     "compile_forward",
     "gguf_path",
     "is_packed",
+    "packing_supported",
     "known_datastores",
     "known_heads",
     "load",

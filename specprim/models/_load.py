@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,9 +113,9 @@ def load(
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
     source = _source(name_or_path, dtype)
-    with _load_errors(source):
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map)
-        tokenizer = AutoTokenizer.from_pretrained(source)
+    with _load_errors(source) as hub:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map, **hub)
+        tokenizer = AutoTokenizer.from_pretrained(source, **hub)
     if quantize is not None:
         quantize_weights(model, quantize)
     if pack:
@@ -128,8 +131,8 @@ def load_tokenizer(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PreT
     model is read from whichever cached copy exists, else fetched and converted in bfloat16). Raises ``OSError``
     like :func:`load`."""
     source = _source(name_or_path, dtype=None)
-    with _load_errors(source):
-        return AutoTokenizer.from_pretrained(source)
+    with _load_errors(source) as hub:
+        return AutoTokenizer.from_pretrained(source, **hub)
 
 
 def load_config(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> PretrainedConfig:
@@ -137,8 +140,8 @@ def load_config(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> Pretrai
     from whichever cached copy exists, else fetched and converted in bfloat16). Raises ``OSError`` like
     :func:`load`."""
     source = _source(name_or_path, dtype=None)
-    with _load_errors(source):
-        return AutoConfig.from_pretrained(source)
+    with _load_errors(source) as hub:
+        return AutoConfig.from_pretrained(source, **hub)
 
 
 def _source(
@@ -156,18 +159,41 @@ def _source(
 
 
 @contextlib.contextmanager
-def _load_errors(source: str | os.PathLike[str]) -> Iterator[None]:
-    """Turn a failed ``from_pretrained`` of a source that is not a local path into an ``OSError`` naming the known
+def _load_errors(source: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """Yield the ``from_pretrained`` keyword arguments for ``source`` (``local_files_only`` for a hub id while the
+    hub cannot be reached, so that only the local Hugging Face cache is read, at once, instead of retrying the
+    network), and turn a failed load of a source that is not a local path into an ``OSError`` naming the known
     models."""
+    local = Path(source).exists()
+    offline = not local and not hub_reachable()
     try:
-        yield
+        yield {"local_files_only": True} if offline else {}
     except (OSError, ValueError) as err:
-        if Path(source).exists():
+        if local:
             raise
+        how = (f"loading it as a Hugging Face model id failed: {err}" if not offline else
+               "the Hugging Face hub cannot be reached from here (offline: only its local cache was read; "
+               "HF_HUB_OFFLINE=1 says so up front)")
         raise OSError(
             f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
-            f"not an existing local directory, and loading it as a Hugging Face model id failed: {err}"
+            f"not an existing local directory, and {how}"
         ) from err
+
+
+@functools.cache
+def hub_reachable(timeout_s: float = 1.5) -> bool:
+    """Whether the Hugging Face hub's host accepts a connection within ``timeout_s`` (asked once per process;
+    ``False`` under ``HF_HUB_OFFLINE``)."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return False
+    endpoint = urllib.parse.urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
 
 
 def ensure_cached(model: EmbeddedModel, dtype: torch.dtype | str = torch.float32) -> Path:

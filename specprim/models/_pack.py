@@ -121,11 +121,17 @@ def pack_like(module: nn.Module, target: nn.Module) -> nn.Module:
     return pack_weights(module) if is_packed(target) and not is_packed(module) else module
 
 
+def packing_supported() -> bool:
+    """Whether this CPU and PyTorch build can pack bfloat16 weights (oneDNN with native bfloat16: AVX512-BF16 or
+    AMX). Elsewhere, bfloat16 on CPU is emulated and float32 is the faster dtype."""
+    return torch.backends.mkldnn.is_available() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def _check_packable(weight: torch.Tensor) -> None:
     if weight.device.type != "cpu" or weight.dtype != torch.bfloat16:
         raise RuntimeError(f"weight packing is for bfloat16 weights on CPU; got {weight.dtype} on {weight.device}. "
                            "Load the model with dtype=torch.bfloat16 (on CUDA, or in float32, use it unpacked)")
-    if not (torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()):
+    if not packing_supported():
         raise RuntimeError("weight packing needs oneDNN with bfloat16 support, which this CPU or PyTorch build "
                            "lacks; use the model unpacked")
 

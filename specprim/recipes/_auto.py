@@ -66,8 +66,9 @@ def auto(target: str | Any, *, temperature: float = 0.0, dtype: str | None = Non
     """The recipe for ``target`` (a model name, path or hub id, or a model :func:`specprim.models.load` loaded)
     under greedy (``temperature == 0``) or sampled decoding. Every choice is lossless.
 
-    A known target with a tuned head gets that head's recipe for the mode. ``dtype`` (default: the recipe's)
-    replaces the recipe's dtype; packing stays only in bfloat16, and the tuned speedup is then not known.
+    A known target with a tuned head gets that head's recipe for the mode. ``dtype`` (default: the recipe's, or
+    ``float32`` on a machine without native bfloat16, e.g. a CPU without AVX512-BF16 or AMX) replaces the recipe's
+    dtype; packing stays only in bfloat16, and the tuned speedup is then not known.
 
     Any other target, with ``measure``: the training-free candidates (:data:`specprim.recipes._measure.CANDIDATES`,
     eager verification, in ``dtype``, default bfloat16 where the machine computes it natively) decode a few
@@ -85,9 +86,12 @@ def auto(target: str | Any, *, temperature: float = 0.0, dtype: str | None = Non
             continue
         reason = f"{recipe_name}, tuned for {name}"
         speedup = measured.get("speedup")
+        why = "asked for"
+        if dtype is None and recipe.dtype == "bfloat16" and _measure.default_dtype() == "float32":
+            dtype, why = "float32", "this machine has no native bfloat16"
         if dtype is not None and dtype != recipe.dtype:
+            reason += f", run in {dtype} ({why}; tuned in {recipe.dtype})"
             recipe = dataclasses.replace(recipe, dtype=dtype, pack=recipe.pack and dtype == "bfloat16")
-            reason += f", run in {dtype} (tuned in bfloat16)"
             speedup = None
         return Choice(recipe=recipe, expected_speedup=speedup, reason=reason, basis="on MT-bench")
     source = target if isinstance(target, str) else str(getattr(target, "name_or_path", "") or "")

@@ -87,4 +87,16 @@ def recipe_from_args(args: argparse.Namespace, base: Recipe, method: str | None 
     fields = given_fields(args)
     if method is not None:
         fields["method"] = method
-    return dataclasses.replace(base, **fields)
+    return dataclasses.replace(base, **{**_untyped_conflicts(base, fields), **fields})
+
+
+def _untyped_conflicts(base: Recipe, fields: dict[str, Any]) -> dict[str, Any]:
+    """Base fields that only made sense with a value the user replaced, reset to their defaults unless the user
+    typed them too: ``--verifier eager`` drops the static verifier's ``min_padded``, a dtype other than bfloat16
+    drops ``pack``, and a method without a union or a datastore drops ``max_nodes`` or ``datastores``."""
+    verifier = fields.get("verifier", base.verifier)
+    parts = fields.get("method", base.method).split("+")
+    resets = {"min_padded": verifier == "eager", "pack": fields.get("dtype", base.dtype) != "bfloat16",
+              "max_nodes": len(parts) == 1, "datastores": "datastore" not in parts}
+    defaults = Recipe()
+    return {name: getattr(defaults, name) for name, reset in resets.items() if reset and name not in fields}

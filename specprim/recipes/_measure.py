@@ -99,10 +99,11 @@ def cache_root() -> Path:
 
 
 def candidates_for(target: str, dtype: str) -> list[Recipe]:
-    """:data:`CANDIDATES` in ``dtype``, packed where that is bfloat16 on a CPU (the same numbers, faster kernels);
+    """:data:`CANDIDATES` in ``dtype``, packed where that is bfloat16 on a CPU that packs it
+    (:func:`specprim.models.packing_supported`: the same numbers, faster kernels);
     for a known model with a draft partner (:attr:`specprim.models.EmbeddedModel.draft`) also ``leviathan`` with
     it (a chain of 4 from the draft model)."""
-    pack = dtype == "bfloat16" and not torch.cuda.is_available()
+    pack = dtype == "bfloat16" and not torch.cuda.is_available() and models.packing_supported()
     candidates = list(CANDIDATES)
     known = models.KNOWN_MODELS.get(target)
     if known is not None and known.draft is not None:

@@ -474,12 +474,12 @@ class _Runner:
     # -- models --------------------------------------------------------------------------------------------
 
     def model(self, dtype: str) -> Any:
-        """The target in ``dtype`` (bfloat16: packed linears), loaded once."""
+        """The target in ``dtype`` (bfloat16: packed linears where this CPU can pack them), loaded once."""
         if dtype not in self._models:
             from specprim import models
 
             model, tokenizer = models.load(self.campaign.target, dtype=getattr(torch, dtype),
-                                           pack=dtype == "bfloat16")
+                                           pack=dtype == "bfloat16" and models.packing_supported())
             self._models[dtype] = model
             self._tokenizer = self._tokenizer or tokenizer
         return self._models[dtype]
