@@ -12,7 +12,15 @@ from specprim.acceptance import Greedy, SpeculativeSampling
 from specprim.cli import chat_input_ids
 from specprim.drafters import EagleHead, ModelDrafter, PromptLookup, eagle_drafter
 from specprim.hf import HFTarget
-from specprim.models import Int4Linear, Int8Linear, is_packed, load, pack_weights, quantize_weights
+from specprim.models import (
+    Int4Linear,
+    Int8Linear,
+    is_packed,
+    load,
+    pack_weights,
+    packing_supported,
+    quantize_weights,
+)
 from specprim.sampling import SamplingConfig
 from specprim.testing import two_token_chi_square
 from specprim.trees import Chain, DynamicTree
@@ -127,6 +135,7 @@ def test_quantize_weights_replaces_linears_but_not_head_or_embeddings():
     assert not any(isinstance(m, nn.Linear) for m in int4_all.modules())
 
 
+@pytest.mark.skipif(not packing_supported(), reason="this CPU cannot pack bfloat16 weights")
 def test_int4_leaves_the_lm_head_to_pack():
     """``pack_weights`` after ``"int4"`` packs the LM head only, and the model computes as before packing."""
     model = quantize_weights(tiny_causal_lm("llama").to(torch.bfloat16), "int4")
