@@ -38,6 +38,7 @@ import torch
 
 MODEL = "smollm2-135m-instruct"
 HEAD = "smollm2-135m-instruct-eagle3"
+STATIC_CACHE_LENGTH = 1024  # static verifier and drafting caches: longest prompt plus new tokens, with room
 PROMPTS = (
     "Explain in a few sentences why the sky is blue.",
     "Write a short Python function that returns the n-th Fibonacci number, with a docstring.",
@@ -63,6 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="initialize the end-to-end target from its config (seed 0) instead of loading weights: "
                              "for a machine that cannot fetch them (a folder with config and tokenizer is enough); "
                              "parity and step costs stay meaningful, acceptance and speed-ups do not")
+    parser.add_argument("--dtypes", nargs="+", default=None, choices=list(DTYPES),
+                        help="end-to-end dtypes (default float32 and bfloat16; float32 only with --quick)")
     parser.add_argument("--sections", nargs="+", default=["kernel_check", "attention_bench", "end_to_end"],
                         choices=["kernel_check", "attention_bench", "end_to_end"])
     return parser.parse_args(argv)
@@ -269,6 +272,7 @@ class Methods:
         self.model = model
         self.eos = eos
         self.compiled_forward = torch.compile(model.forward, dynamic=True)
+        self.built: dict[str, Any] = {}
 
     def hf_generate(self, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, Any]:
         out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
@@ -298,6 +302,24 @@ class Methods:
         finally:
             self.model.set_attn_implementation(previous)
 
+    def specprim_static(self, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, Any]:
+        return self._recipe_run("static", ids, new)
+
+    def specprim_static_compiled(self, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, Any]:
+        return self._recipe_run("compiled", ids, new)
+
+    def _recipe_run(self, verifier: str, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, Any]:
+        """EAGLE-3 through the static verifier (compiled or not) and static drafting, as a recipe builds it; the
+        built verifier is kept per kind, so its compiled shapes are reused across prompts."""
+        from specprim.recipes import Recipe
+
+        if verifier not in self.built:
+            recipe = Recipe(method="eagle3", head=HEAD, verifier=verifier, min_padded=4, static_draft=True,
+                            num_draft=3, dtype=str(self.model.dtype).removeprefix("torch."))
+            self.built[verifier] = recipe.build(self.model, cache_length=STATIC_CACHE_LENGTH)
+        out = self.built[verifier].generate(ids, max_new_tokens=new, eos_token_id=self.eos)
+        return out.sequences, out.stats
+
     def specprim_compiled(self, ids: torch.Tensor, new: int) -> tuple[torch.Tensor, Any]:
         self.model.forward = self.compiled_forward
         try:
@@ -309,7 +331,7 @@ class Methods:
 def end_to_end(device: torch.device, args: argparse.Namespace, report: Report) -> dict[str, Any]:
     max_new = args.max_new_tokens or (16 if args.quick else 128)
     results: dict[str, Any] = {"max_new_tokens": max_new, "rows": [], "parity": []}
-    for dtype_name in ["float32"] if args.quick else ["float32", "bfloat16"]:
+    for dtype_name in args.dtypes or (["float32"] if args.quick else ["float32", "bfloat16"]):
         if not report.has_time(60):
             results["rows"].append(dict(dtype=dtype_name, method="all", note="skipped: time budget"))
             continue
@@ -336,7 +358,9 @@ def _end_to_end_one_dtype(dtype_name: str, device: torch.device, args: argparse.
         ("specprim_eager_kernel", methods.specprim_kernel, 20),
         ("specprim_prompt_lookup", methods.specprim_prompt_lookup, 20),
     ]
+    plan.append(("specprim_static", methods.specprim_static, 30))
     if not args.skip_compile:
+        plan.append(("specprim_static_compiled", methods.specprim_static_compiled, 150))
         plan.append(("specprim_compiled_sdpa", methods.specprim_compiled, 150))
     outputs: dict[str, list[torch.Tensor]] = {}
     for name, run, needed in plan:
