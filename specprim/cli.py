@@ -7,10 +7,13 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import NoReturn
 
 import torch
 
 from specprim import models, presets, recipes
+from specprim._usage import UsageError, as_usage_error, check_decoding, check_file, check_model
 from specprim.bench import add_bench_parser
 from specprim.drafters import Datastore
 from specprim.hf import QUERY_BUCKETS, chat_input_ids
@@ -29,47 +32,44 @@ def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
 
 def _recipe(args: argparse.Namespace) -> tuple[recipes.Recipe, recipes.Choice | None]:
     """The recipe ``generate`` runs: ``--recipe`` or ``auto``'s choice (``--method auto``) or the defaults, with the
-    options the user typed on top; and ``auto``'s choice when it made one."""
+    options the user typed on top; and ``auto``'s choice when it made one. Options the recipe refuses raise
+    ``UsageError``; ``auto`` loads nothing for a target with a shipped recipe (any other target it measures once
+    per machine)."""
     choice = None
     if hasattr(args, "recipe"):
-        base = recipes.load_recipe(args.recipe)
+        with as_usage_error():
+            base = recipes.load_recipe(args.recipe)
     elif args.method == AUTO:
         choice = recipes.auto(args.target, temperature=args.temperature, dtype=getattr(args, "dtype", None))
         base = choice.recipe
     else:
         base = recipes.Recipe()
-    return recipes.recipe_from_args(args, base, method=None if args.method == AUTO else args.method), choice
+    with as_usage_error():
+        recipe = recipes.recipe_from_args(args, base, method=None if args.method == AUTO else args.method)
+    recipes.check_recipe_sources(recipe.changes())
+    return recipe, choice
 
 
-def _check_decoding(args: argparse.Namespace) -> None:
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    for name, value, low, high in (("--top-k", args.top_k, 1, None), ("--top-p", args.top_p, 0, 1)):
-        if value is not None and (value < low or (high is not None and value > high)):
-            raise ValueError(f"{name} must be in [{low}, {high if high is not None else 'inf'}], got {value}")
+def _check_generate(args: argparse.Namespace) -> None:
+    """The options of ``generate`` that can be checked before anything loads (``UsageError``)."""
+    check_decoding(args)
+    check_model("--target", args.target)
+    recipes.check_recipe_sources(recipes.given_fields(args))
 
 
 def generate_command(args: argparse.Namespace) -> int:
     torch.manual_seed(args.seed)
-    try:
-        _check_decoding(args)
-        recipe, choice = _recipe(args)
-    except ValueError as error:
-        raise SystemExit(f"specprim generate: error: {error}") from error
+    _check_generate(args)
+    recipe, choice = _recipe(args)
     if choice is not None:
         print(f"auto: {choice.reason}\nrecipe: {recipe}", file=sys.stderr)
-    try:
-        model, tokenizer = recipes.load_target(recipe, args.target)
-        draft = recipes.load_draft(recipe, tokenizer)
-        ids = chat_input_ids(tokenizer, args.prompt)
-        start = time.perf_counter()
-        built = recipe.build(model, tokenizer, draft=draft,
-                             cache_length=ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1],
-                             prefill_chunk=0)  # one prompt: an eager prefill costs less than compiling one
-    except (ValueError, TypeError, OSError) as error:
-        raise SystemExit(f"specprim generate: error: {error}") from error
+    model, tokenizer = recipes.load_target(recipe, args.target)
+    draft = recipes.load_draft(recipe, tokenizer)
+    ids = chat_input_ids(tokenizer, args.prompt)
+    start = time.perf_counter()
+    built = recipe.build(model, tokenizer, draft=draft,
+                         cache_length=ids.shape[1] + args.max_new_tokens + QUERY_BUCKETS[-1],
+                         prefill_chunk=0)  # one prompt: an eager prefill costs less than compiling one
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos = tokenizer.eos_token_id
 
@@ -109,12 +109,16 @@ def generate_command(args: argparse.Namespace) -> int:
 
 
 def datastore_command(args: argparse.Namespace) -> int:
-    try:
-        tokenizer = models.load_tokenizer(args.target)
-        texts = [text for path in args.inputs for text in models.read_texts(path)]
-        store = Datastore.from_texts(texts, tokenizer, max_ngram=args.max_ngram, min_ngram=args.min_ngram)
-    except (ValueError, OSError) as error:
-        raise SystemExit(f"specprim datastore: {error}") from error
+    for path in args.inputs:
+        check_file("input", path)
+    if not 1 <= args.min_ngram <= args.max_ngram:
+        raise UsageError(f"need 1 <= --min-ngram <= --max-ngram, got {args.min_ngram} and {args.max_ngram}")
+    if not Path(args.out).resolve().parent.is_dir():
+        raise UsageError(f"--out {args.out}: the directory {Path(args.out).resolve().parent} does not exist")
+    check_model("--target", args.target)
+    texts = [text for path in args.inputs for text in models.read_texts(path)]
+    tokenizer = models.load_tokenizer(args.target)
+    store = Datastore.from_texts(texts, tokenizer, max_ngram=args.max_ngram, min_ngram=args.min_ngram)
     store.save(args.out)
     print(f"{store!r} from {len(args.inputs)} file(s) -> {args.out}")
     return 0
@@ -167,7 +171,22 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_parser(commands)
     add_campaign_parser(commands)
     add_tune_parser(commands)
+    _errors_in_one_line(parser)
     return parser
+
+
+def _errors_in_one_line(parser: argparse.ArgumentParser) -> None:
+    """Make ``parser`` and its sub-commands' parsers print their own usage errors (an unknown option, a bad choice,
+    a missing argument) as one ``PROG: error: ...`` line instead of the usage block, and exit with status 2."""
+
+    def error(message: str) -> NoReturn:
+        parser.exit(2, f"{parser.prog}: error: {message} (--help lists the options)\n")
+
+    parser.error = error  # type: ignore[method-assign]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub_parser in action.choices.values():
+                _errors_in_one_line(sub_parser)
 
 
 def _show_progress() -> None:
@@ -181,21 +200,32 @@ def _show_progress() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command. A failure prints one line (``specprim COMMAND: error: ...``) and returns 1, an interrupt
-    returns 130; ``--debug`` anywhere on the line lets the traceback through instead."""
+    """Run a command; return its exit status. 0: done. 2: a usage error (an option out of range, a file that is
+    not there, options that contradict each other), found before anything loads and printed as one line,
+    ``specprim COMMAND: error: ...``. 1: a failure after that, printed as one line too. 130: an interrupt.
+    ``--debug`` anywhere on the line lets the traceback of an error through instead."""
     words = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in words
-    args = build_parser().parse_args([word for word in words if word != "--debug"])
+    try:
+        args = build_parser().parse_args([word for word in words if word != "--debug"])
+    except SystemExit as done:  # --help (0), or a usage error argparse printed (2)
+        return done.code if isinstance(done.code, int) else 2
     _show_progress()
+    command = " ".join(filter(None, (args.command, getattr(args, "campaign_command", None))))
     try:
         return args.func(args)
     except KeyboardInterrupt:
-        print(f"specprim {args.command}: interrupted", file=sys.stderr)
+        print(f"specprim {command}: interrupted", file=sys.stderr)
         return 130
+    except UsageError as error:
+        if debug:
+            raise
+        print(f"specprim {command}: error: {_one_line(error)}", file=sys.stderr)
+        return 2
     except Exception as error:
         if debug:
             raise
-        print(f"specprim {args.command}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
+        print(f"specprim {command}: error: {_one_line(error)} (--debug shows the traceback)", file=sys.stderr)
         return 1
 
 

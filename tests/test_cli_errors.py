@@ -1,10 +1,15 @@
-"""A failing command prints one line and exits 1; ``--debug`` lets the traceback through; an interrupt exits 130."""
+"""A failing command prints one line and exits 1; a usage error prints one line before anything loads and exits 2;
+``--debug`` lets the traceback through; an interrupt exits 130."""
 
 from __future__ import annotations
+
+import re
+import time
 
 import pytest
 
 from specprim import cli
+from specprim._usage import UsageError
 
 
 def _failing(error: BaseException):
@@ -46,8 +51,8 @@ def test_an_unknown_model_without_network_fails_at_once_naming_the_known_models(
     monkeypatch.setattr(_load, "hub_reachable", lambda: False)
     with pytest.raises(OSError, match=r"not a known model name \(smollm2-135m-instruct.*hub cannot be reached"):
         _load.load("does-not-exist")
-    with pytest.raises(SystemExit, match="specprim generate: error: Cannot load 'does-not-exist'"):
-        cli.main(["generate", "--target", "does-not-exist", "--prompt", "hi"])
+    assert cli.main(["generate", "--target", "does-not-exist", "--method", "prompt-lookup", "--prompt", "hi"]) == 1
+    assert "specprim generate: error: Cannot load 'does-not-exist'" in capsys.readouterr().err
 
 
 def test_the_hub_probe_answers_offline_under_hf_hub_offline(monkeypatch):
@@ -61,3 +66,131 @@ def test_the_hub_probe_answers_offline_under_hf_hub_offline(monkeypatch):
         assert _load.hub_reachable() is False
     finally:
         _load.hub_reachable.cache_clear()
+
+
+def test_a_usage_error_prints_one_line_and_returns_2(monkeypatch, capsys):
+    monkeypatch.setattr(cli, "datastore_command", _failing(UsageError("--max-ngram must be >= 1, got 0")))
+    assert cli.main(["datastore", "a.txt", "--out", "d.npz"]) == 2
+    assert capsys.readouterr().err == "specprim datastore: error: --max-ngram must be >= 1, got 0\n"
+    with pytest.raises(UsageError):
+        cli.main(["--debug", "datastore", "a.txt", "--out", "d.npz"])
+
+
+def test_argparse_errors_are_one_line_with_status_2(capsys):
+    assert cli.main(["bench", "--dataset", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specprim bench: error: argument --dataset: invalid choice: 'nope'")
+    assert len(err.splitlines()) == 1 and "usage:" not in err
+    assert cli.main(["generate"]) == 2
+    assert capsys.readouterr().err.startswith("specprim generate: error: the following arguments are required: "
+                                              "--prompt")
+    assert cli.main(["--help"]) == 0
+
+
+@pytest.fixture
+def nothing_loads(monkeypatch):
+    """Every way a command loads a model, a tokenizer, a config or a dataset, replaced by one that records the call
+    and fails."""
+    import transformers
+
+    from specprim import models
+    from specprim.bench import _datasets, _run
+
+    calls = []
+
+    def refuse(name):
+        def loader(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"{name} was called before the options were checked")
+
+        return loader
+
+    for owner, name in ((models, "load"), (models, "load_tokenizer"), (models, "load_config"),
+                        (models, "load_datastore"), (models, "load_head"), (_datasets, "load_dataset"),
+                        (_run, "load_dataset"), (transformers.AutoModelForCausalLM, "from_pretrained"),
+                        (transformers.AutoTokenizer, "from_pretrained"), (transformers.AutoConfig, "from_pretrained")):
+        monkeypatch.setattr(owner, name, refuse(f"{getattr(owner, '__name__', owner)}.{name}"))
+    return calls
+
+
+GENERATE = ["generate", "--prompt", "hi"]
+BENCH = ["bench", "--target", "smollm2-135m-instruct", "--dataset", "mt-bench", "--max-new-tokens", "8"]
+TUNE = ["tune", "--method", "eagle3"]
+USAGE_ERRORS = [
+    (GENERATE + ["--temperature", "-1"], "--temperature must be >= 0, got -1.0"),
+    (GENERATE + ["--temperature", "nan"], "--temperature must be >= 0, got nan"),
+    (GENERATE + ["--max-new-tokens", "-1"], "--max-new-tokens must be >= 1, got -1"),
+    (GENERATE + ["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+    (GENERATE + ["--top-p", "1.5"], r"--top-p must be in \(0, 1\], got 1.5"),
+    (GENERATE + ["--top-p", "0"], r"--top-p must be in \(0, 1\], got 0.0"),
+    (GENERATE + ["--top-k", "0"], "--top-k must be >= 1, got 0"),
+    (GENERATE + ["--recipe", "{tmp}/missing.toml"], "missing.toml' is neither a shipped recipe"),
+    (GENERATE + ["--method", "eagle3", "--head", "{tmp}/missing"], "missing' is neither a shipped head"),
+    (GENERATE + ["--target", "{tmp}/missing"], "--target .*missing: no such directory"),
+    (GENERATE + ["--method", "leviathan", "--draft", "./missing"], "--draft ./missing: no such directory"),
+    (GENERATE + ["--method", "leviathan"], "a 'leviathan' part needs a draft model"),
+    (GENERATE + ["--method", "prompt-lookup", "--dtype", "bfloat16", "--pack", "--compile"], "exclude each other"),
+    (GENERATE + ["--method", "prompt-lookup+datastore", "--datastore", "{tmp}/missing.npz"],
+     "is neither a known datastore"),
+    (GENERATE + ["--method", "prompt-lookup", "--datastore", "sharegpt"], "the corpus of a 'datastore' part"),
+    (GENERATE + ["--method", "eagle3", "--tree", "nonsense"], "tree"),
+    (GENERATE + ["--recipe", "{tmp}/bad.toml"], "bad.toml: unknown keys"),
+    (["bench", "--target", "smollm2-135m-instruct", "--method", "prompt-lookup"],
+     "missing --max-new-tokens, --dataset or --prompts"),
+    (BENCH + ["--method", "nope"], "unknown method 'nope'"),
+    (BENCH + ["--method", "prompt-lookup", "--temperature", "-1"], "--temperature must be >= 0"),
+    (BENCH + ["--method", "prompt-lookup", "--num-prompts", "0"], "--num-prompts must be >= 1, got 0"),
+    (BENCH + ["--method", "prompt-lookup", "--repeats", "0"], "--repeats must be >= 1, got 0"),
+    (BENCH[:3] + ["--prompts", "{tmp}/missing.jsonl", "--max-new-tokens", "8", "--method", "prompt-lookup"],
+     "--prompts .*missing.jsonl: no such file"),
+    (BENCH + ["--method", "prompt-lookup", "--verifier", "static"], "bench verifies eagerly or compiled"),
+    (BENCH + ["--method", "prompt-lookup", "--draft-vocab", "8"], "--draft-vocab applies to a leviathan method"),
+    (BENCH + ["--method", "prompt-lookup", "--dtype", "bfloat16", "--pack", "--compile"], "exclude each other"),
+    (BENCH + ["--method", "prompt-lookup", "--min-padded", "4"], "bench takes --min-padded from a recipe only"),
+    (BENCH + ["--method", "eagle3", "--tree", "nonsense"], "tree"),
+    (BENCH + ["--method", "eagle3", "--head", "{tmp}/missing"], "is neither a shipped head"),
+    (["bench", "--grid", "{tmp}/missing.toml"], "--grid .*missing.toml: no such file"),
+    (["bench", "--grid", "{tmp}/bad.toml", "--target", "x"], "--grid takes every setting from its file; drop --target"),
+    (["bench", "--grid", "{tmp}/bad.toml"], "a grid needs a \\[base\\] table"),
+    (BENCH + ["--method", "prompt-lookup", "--grid-out", "{tmp}/out.jsonl"], "pass --grid FILE too"),
+    (["datastore", "{tmp}/missing.txt", "--out", "{tmp}/d.npz"], "input .*missing.txt: no such file"),
+    (["datastore", "{tmp}/bad.toml", "--out", "{tmp}/d.npz", "--min-ngram", "3", "--max-ngram", "2"],
+     "need 1 <= --min-ngram <= --max-ngram, got 3 and 2"),
+    (["datastore", "{tmp}/bad.toml", "--out", "{tmp}/nowhere/d.npz"], "nowhere/d.npz: the directory .* does not exist"),
+    (["train", "distill", "--out", "{tmp}/t"], "kind 'distill' needs --draft"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--draft", "smollm2-135m-instruct"], "--draft is the draft LM of kind"),
+    (["train", "medusa", "--out", "{tmp}/t", "--align"], "--align trains unrolled draft depths"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--num-conversations", "0"], "--num-conversations must be >= 1"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--batch-tokens", "-5"], "--batch-tokens must be >= 1"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--threads", "0"], "--threads must be >= 1"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--lr", "0"], "lr must be > 0"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--data", "{tmp}/missing.jsonl"], "--data .*missing.jsonl: no such file"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--init-from", "{tmp}/missing"], "is neither a shipped head"),
+    (["campaign", "run", "{tmp}/run", "--shard-sizes", "0"], "shard_sizes must be"),
+    (["campaign", "run", "{tmp}/run", "--holdout", "many"], "cannot read an option value"),
+    (["campaign", "run", "{tmp}/run", "--threads", "two"], "--threads must be a number >= 1 or 'auto'"),
+    (["campaign", "run", "{tmp}/run", "--max-seconds", "-1"], "--max-seconds must be >= 0"),
+    (["campaign", "run", "{tmp}/run", "--data", "{tmp}/missing.jsonl"], "--data .*missing.jsonl: no such file"),
+    (["campaign", "status", "{tmp}/run"], "no campaign in .*run \\(campaign.json missing\\)"),
+    (TUNE + ["--num-prompts", "0"], "--num-prompts must be >= 1, got 0"),
+    (TUNE + ["--max-nodes", "0"], "--max-nodes must be >= 1, got 0"),
+    (TUNE + ["--head", "{tmp}/missing"], "is neither a shipped head"),
+    (TUNE + ["--dtype", "bfloat16", "--pack", "--compile"], "exclude each other"),
+    (["tune"], r"pass --method \(or --recipe\)"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_usage_errors_exit_2_at_once_before_anything_loads(argv, message, nothing_loads, tmp_path, capsys):
+    (tmp_path / "bad.toml").write_text("colour = 3\n")
+    argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
+    start = time.perf_counter()
+    status = cli.main(argv)
+    seconds = time.perf_counter() - start
+    err = capsys.readouterr().err
+    assert nothing_loads == []
+    assert status == 2, err
+    command = " ".join(argv[:2] if argv[0] == "campaign" else argv[:1])
+    assert len(err.splitlines()) == 1 and err.startswith(f"specprim {command}: error: "), err
+    assert re.search(message, err), err
+    assert seconds < 1.0

@@ -7,9 +7,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specprim.bench._datasets import DATASETS, DatasetFetchError
+from specprim import presets
+from specprim._usage import UsageError, as_usage_error, at_least, check_decoding, check_file, check_model
+from specprim.bench._datasets import DATASETS
 from specprim.bench._run import AUTO, run
-from specprim.recipes import add_recipe_arguments, auto, given_fields, load_recipe
+from specprim.recipes import add_recipe_arguments, auto, check_recipe_sources, given_fields, load_recipe
+from specprim.trees import parse_tree
 
 _REQUIRED = ("target", "method", "max_new_tokens")
 
@@ -53,34 +56,69 @@ def bench_command(args: argparse.Namespace) -> int:
         return _grid_command(args)
     if args.method is None and hasattr(args, "recipe"):
         args.method = []  # the recipe is the method
-    missing = [f"--{name.replace('_', '-')}" for name in _REQUIRED if getattr(args, name) is None]
-    if args.dataset is None and args.prompts is None:
-        missing.append("--dataset or --prompts")
-    if missing:
-        raise SystemExit(f"specprim bench: missing {', '.join(missing)}")
-    try:
-        results = run(
-            target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
-            num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repeats=args.repeats,
-            predict=args.predict, seed=args.seed, json_path=args.json, plot_dir=args.plot,
-            progress=sys.stderr.isatty(), **run_options(args),
-        )
-    except (ValueError, DatasetFetchError) as error:
-        raise SystemExit(f"specprim bench: {error}") from error
+    check_bench(args)
+    results = run(
+        target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
+        num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repeats=args.repeats,
+        predict=args.predict, seed=args.seed, json_path=args.json, plot_dir=args.plot,
+        progress=sys.stderr.isatty(), **run_options(args),
+    )
     print(results.markdown())
     print(f"\ncommand: {results.meta['command_line']}")
     return 0
 
 
+def check_bench(args: argparse.Namespace) -> None:
+    """Refuse (``UsageError``), before anything loads, the options of a ``bench`` run that cannot work: missing or
+    out of range, a method or file that is not there, options no method uses (which :func:`run` refuses too)."""
+    from specprim.bench._methods import method_names
+
+    missing = [f"--{name.replace('_', '-')}" for name in _REQUIRED if getattr(args, name) is None]
+    if args.dataset is None and args.prompts is None:
+        missing.append("--dataset or --prompts")
+    if missing:
+        raise UsageError(f"missing {', '.join(missing)}")
+    if args.grid_out is not None:
+        raise UsageError("--grid-out names the results of --grid; pass --grid FILE too")
+    check_decoding(args)
+    for option, least in (("num_prompts", 1), ("turns", 1), ("repeats", 1)):
+        at_least(f"--{option.replace('_', '-')}", getattr(args, option), least)
+    check_file("--prompts", args.prompts)
+    check_model("--target", args.target)
+    unknown = [m for m in args.method if m != AUTO and m not in method_names() and not presets.is_name(m)]
+    if unknown:
+        raise UsageError(f"unknown method {unknown[0]!r}; choose from 'auto', {', '.join(method_names())} or "
+                         "presets joined by '+'")
+    fields = given_fields(args)
+    check_recipe_sources(fields)
+    if fields.get("verifier") == "static":
+        raise UsageError("bench verifies eagerly or compiled (--verifier compiled); pass a recipe for others")
+    if "min_padded" in fields:
+        raise UsageError("bench takes --min-padded from a recipe only (--recipe FILE)")
+    if fields.get("pack") and fields.get("compile"):
+        raise UsageError("--pack and --compile exclude each other: compiling with freezing packs the weights itself")
+    if "tree" in fields:
+        with as_usage_error():
+            parse_tree(fields["tree"])
+    for field, option, applies, needs in (
+            ("draft_vocab", "--draft-vocab", presets.drafts_with_a_draft_model, "a leviathan method"),
+            ("max_nodes", "--max-nodes", lambda m: "+" in m, "a union (methods joined by '+')"),
+            ("datastores", "--datastore", presets.uses_datastore, "a method with a datastore part")):
+        if field in fields and not any(map(applies, args.method)):
+            raise UsageError(f"{option} applies to {needs}; no method is one")
+    if hasattr(args, "recipe"):
+        with as_usage_error():
+            check_recipe_sources(load_recipe(args.recipe).changes())
+
+
 def run_options(args: argparse.Namespace) -> dict[str, Any]:
     """The keyword arguments of :func:`specprim.bench.run` that the recipe options on the command line give:
     the run's loading, verifying and drafting options, and ``recipes`` for ``--recipe NAME|FILE``. Without
-    ``--dtype``, a run with ``auto`` or ``--recipe`` loads the target in that recipe's dtype."""
+    ``--dtype``, a run with ``auto`` or ``--recipe`` loads the target in that recipe's dtype (``auto`` measures an
+    unknown target once per machine to choose its recipe). :func:`check_bench` first."""
     fields = given_fields(args)
     verifier = fields.pop("verifier", "eager")
-    if verifier == "static":
-        raise ValueError("bench verifies eagerly or compiled (--verifier compiled); pass a recipe for others")
     options: dict[str, Any] = {"static_verify": verifier == "compiled", "recipes": {}}
     if hasattr(args, "recipe"):
         options["recipes"][args.recipe] = load_recipe(args.recipe)
@@ -95,15 +133,22 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
     return {**options, **fields}
 
 
+_RUN_OPTIONS = ("target", "method", "dataset", "prompts", "max_new_tokens", "num_prompts", "turns")
+"""Options of a single run that ``--grid`` takes from its file instead."""
+
+
 def _grid_command(args: argparse.Namespace) -> int:
-    from specprim.bench._grid import run_grid
+    from specprim.bench._grid import load_grid, run_grid
     from specprim.bench._report import grid_table
 
+    given = [f"--{name.replace('_', '-')}" for name in _RUN_OPTIONS if getattr(args, name) is not None]
+    if given:
+        raise UsageError(f"--grid takes every setting from its file; drop {', '.join(given)}")
+    check_file("--grid", args.grid)
+    with as_usage_error():
+        cells = load_grid(args.grid)
     out = args.grid_out or args.grid.with_suffix(".jsonl")
-    try:
-        records = run_grid(args.grid, out)
-    except (ValueError, DatasetFetchError) as error:
-        raise SystemExit(f"specprim bench --grid: {error}") from error
+    records = run_grid(cells, out)
     print(grid_table(records))
     print(f"\nresults: {out}")
     return 0

@@ -12,7 +12,7 @@ out = built.generate(input_ids, max_new_tokens=128)
 
 from specprim.recipes._auto import MODES, Choice, auto, load_recipe, shipped_recipes
 from specprim.recipes._build import Built, load_draft, load_target
-from specprim.recipes._cli import add_recipe_arguments, given_fields, recipe_from_args
+from specprim.recipes._cli import add_recipe_arguments, check_recipe_sources, given_fields, recipe_from_args
 from specprim.recipes._measure import plain_generate
 from specprim.recipes._recipe import DTYPES, VERIFIERS, Recipe
 

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
+from specprim import models
+from specprim._usage import as_usage_error, check_model
 from specprim.acceptance import RULES
 from specprim.recipes._recipe import DTYPES, QUANTIZE_SCHEMES, VERIFIERS, Recipe
 from specprim.trees import SPEC_HELP
@@ -79,6 +82,19 @@ def given_fields(args: argparse.Namespace) -> dict[str, Any]:
             value = getattr(args, dest)
             fields[field] = tuple(value) if field == "datastores" else value
     return fields
+
+
+def check_recipe_sources(fields: Mapping[str, Any]) -> None:
+    """Refuse (:class:`specprim._usage.UsageError`) recipe fields that name something that is not there: ``head``
+    (a shipped head or a directory), a ``datastores`` entry (a known datastore or a file) or ``draft`` (a path with
+    no directory). ``fields``: :func:`given_fields` or ``recipe.changes()``."""
+    with as_usage_error():
+        if fields.get("head") is not None:
+            models.head_path(fields["head"])
+        for name in fields.get("datastores", ()):
+            if name not in models.known_datastores():
+                models.datastore_path(name)
+    check_model("--draft", fields.get("draft"))
 
 
 def recipe_from_args(args: argparse.Namespace, base: Recipe, method: str | None = None) -> Recipe:

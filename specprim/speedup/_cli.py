@@ -9,7 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specprim.recipes import add_recipe_arguments, recipe_from_args
+from specprim._usage import as_usage_error, at_least, check_model
+from specprim.recipes import add_recipe_arguments, check_recipe_sources, given_fields, recipe_from_args
 from specprim.speedup._union import LOOKUP_LENGTHS
 
 LOOKUP = "prompt-lookup"
@@ -84,21 +85,17 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.speedup._tune import tune
     from specprim.speedup._union import tune_lookup
 
-    try:
+    check_tune(args)
+    with as_usage_error():
         tuned_recipe, recipe = _recipes(args)
-        target, tokenizer = load_target(recipe, args.target)
-        draft = load_draft(recipe, tokenizer)
-        tree_name = next(p for p in args.method.split("+") if p != LOOKUP)
-        method = presets.from_name(tree_name, target=target, draft=draft, head=recipe.head,
-                                   exit_layer=recipe.exit_layer)
-    except ValueError as error:
-        raise SystemExit(f"specprim tune: error: {error}") from error
+    check_recipe_sources(tuned_recipe.changes())
+    target, tokenizer = load_target(recipe, args.target)
+    draft = load_draft(recipe, tokenizer)
+    tree_name = next(p for p in args.method.split("+") if p != LOOKUP)
+    method = presets.from_name(tree_name, target=target, draft=draft, head=recipe.head, exit_layer=recipe.exit_layer)
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
-    try:
-        verifier = target if recipe.verifier == "eager" else StaticTarget(
-            target, compile=recipe.verifier == "compiled", min_padded=recipe.min_padded)
-    except TypeError as error:
-        raise SystemExit(f"specprim tune: {error}") from error
+    verifier = target if recipe.verifier == "eager" else StaticTarget(
+        target, compile=recipe.verifier == "compiled", min_padded=recipe.min_padded)
     result = tune(verifier, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.largest_tree,
                   repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
     print(report(result, f"{tree_name} on {args.target} ({recipe}), {len(prompts)} {args.dataset} prompts"))
@@ -120,6 +117,15 @@ def tune_command(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=1))
     return 0
+
+
+def check_tune(args: argparse.Namespace) -> None:
+    """Refuse (``UsageError``), before anything loads, options out of range and names that are not there."""
+    for option, value in (("--num-prompts", args.num_prompts), ("--max-new-tokens", args.max_new_tokens),
+                          ("--max-nodes", args.largest_tree), ("--repeats", args.repeats)):
+        at_least(option, value, 1)
+    check_model("--target", args.target)
+    check_recipe_sources(given_fields(args))
 
 
 def _recipes(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -7,8 +7,15 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+
+from specprim import models
+from specprim._usage import UsageError, as_usage_error, at_least, check_file, check_model
+
+if TYPE_CHECKING:
+    from specprim.train._campaign import Campaign
 
 __all__ = ["add_campaign_parser"]
 
@@ -138,35 +145,64 @@ def campaign_from_args(args: argparse.Namespace):
                                head=dataclasses.replace(base.head, **parts["head"]))
 
 
+def check_run(args: argparse.Namespace) -> None:
+    """Refuse (``UsageError``) the options of ``campaign run`` that cannot work, before anything loads: out of range,
+    files or heads that are not there. The settings themselves are checked by :func:`campaign_from_args`."""
+    if args.threads not in (None, "auto") and (not args.threads.isdigit() or int(args.threads) < 1):
+        raise UsageError(f"--threads must be a number >= 1 or 'auto', got {args.threads!r}")
+    at_least("--max-seconds", args.max_seconds, 0)
+    at_least("--max-items", args.max_items, 0)
+    if args.data not in (None, "sharegpt"):
+        check_file("--data", args.data)
+    check_model("--target", args.target)
+    if args.init_from is not None:
+        with as_usage_error():
+            models.head_path(args.init_from)
+
+
+def check_resumable(campaign: Campaign, retrain: bool) -> None:
+    """Refuse settings that differ from those the campaign in its run directory was started with (unless only the
+    head's differ and ``retrain``): the rule :func:`specprim.train._campaign.run_campaign` applies, here before
+    anything loads."""
+    from specprim.train._campaign import CONFIG_NAME, _settings_differ, load_campaign
+
+    if not (Path(campaign.run_dir) / CONFIG_NAME).is_file():
+        return
+    saved = load_campaign(campaign.run_dir)
+    differ = _settings_differ(saved, campaign)
+    only_head = differ and not _settings_differ(dataclasses.replace(saved, head=campaign.head), campaign)
+    if differ and not (retrain and only_head):
+        hint = "retrain (--retrain) to train the head again on the same data, or use" if only_head else "use"
+        raise UsageError(f"{campaign.run_dir} was started with other settings ({'; '.join(differ)}); {hint} another "
+                         "run directory")
+
+
 def run_command(args: argparse.Namespace) -> int:
     from specprim.train._campaign import adapt_threads, format_status, run_campaign
 
     def log(line: str) -> None:
         print(line, flush=True)
 
-    before_unit = None
-    try:
-        if args.threads == "auto":
-            before_unit = adapt_threads(os.cpu_count() or 1, log=log)
-        elif args.threads is not None:
-            if not args.threads.isdigit() or int(args.threads) < 1:
-                raise ValueError(f"--threads must be a number >= 1 or 'auto', got {args.threads!r}")
-            torch.set_num_threads(int(args.threads))
+    check_run(args)
+    with as_usage_error():
         campaign = campaign_from_args(args)
-        status = run_campaign(campaign, max_seconds=args.max_seconds, max_items=args.max_items, log=log,
-                              before_unit=before_unit, retrain=args.retrain)
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"specprim campaign run: {error}") from error
+    check_resumable(campaign, args.retrain)
+    before_unit = None
+    if args.threads == "auto":
+        before_unit = adapt_threads(os.cpu_count() or 1, log=log)
+    elif args.threads is not None:
+        torch.set_num_threads(int(args.threads))
+    status = run_campaign(campaign, max_seconds=args.max_seconds, max_items=args.max_items, log=log,
+                          before_unit=before_unit, retrain=args.retrain)
     print(format_status(status))
     sys.stdout.flush()
     return 0
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from specprim.train._campaign import campaign_status, format_status
+    from specprim.train._campaign import CONFIG_NAME, campaign_status, format_status
 
-    try:
-        print(format_status(campaign_status(args.run_dir)))
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"specprim campaign status: {error}") from error
+    if not (Path(args.run_dir) / CONFIG_NAME).is_file():
+        raise UsageError(f"no campaign in {args.run_dir} ({CONFIG_NAME} missing)")
+    print(format_status(campaign_status(args.run_dir)))
     return 0

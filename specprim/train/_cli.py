@@ -6,6 +6,9 @@ import argparse
 
 import torch
 
+from specprim import models
+from specprim._usage import UsageError, as_usage_error, at_least, check_file, check_model
+
 __all__ = ["add_train_parser"]
 
 
@@ -59,14 +62,37 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     return parser
 
 
+def check_train(args: argparse.Namespace) -> None:
+    """Refuse (``UsageError``), before anything loads, options that are out of range, name files or heads that are
+    not there, or contradict the kind."""
+    if args.kind == "distill" and args.draft is None:
+        raise UsageError("kind 'distill' needs --draft MODEL (the draft LM to distil)")
+    if args.kind != "distill" and args.draft is not None:
+        raise UsageError(f"--draft is the draft LM of kind 'distill'; kind {args.kind!r} trains a head")
+    if args.kind == "distill" and args.init_from is not None:
+        raise UsageError("kind 'distill' trains the --draft model it is given; --init-from does not apply")
+    if args.align and args.kind not in ("eagle3", "eagle", "mtp"):
+        raise UsageError(f"--align trains unrolled draft depths (eagle3, eagle, mtp); kind {args.kind!r} has none")
+    for option, least in (("num_conversations", 1), ("max_length", 2), ("holdout", 0), ("distill_max_new_tokens", 1),
+                          ("distill_batch_size", 1), ("distill_temperature", 0), ("top_k", 1),
+                          ("draft_vocab_size", 1), ("num_heads", 1), ("steps", 1), ("batch_tokens", 1),
+                          ("threads", 1)):
+        at_least(f"--{option.replace('_', '-')}", getattr(args, option), least)
+    if args.data != "sharegpt":
+        check_file("--data", args.data)
+    check_model("--target", args.target)
+    check_model("--draft", args.draft)
+    if args.init_from is not None:
+        with as_usage_error():
+            models.head_path(args.init_from)
+
+
 def train_command(args: argparse.Namespace) -> int:
-    from specprim import models
     from specprim.train._pipeline import DataConfig, train_drafter
     from specprim.train._trainer import TrainConfig
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    try:
+    check_train(args)
+    with as_usage_error():
         data = DataConfig(
             source=args.data, num_conversations=args.num_conversations, max_length=args.max_length,
             self_distill=args.self_distill, distill_max_new_tokens=args.distill_max_new_tokens,
@@ -78,21 +104,16 @@ def train_command(args: argparse.Namespace) -> int:
             checkpoint_every=args.checkpoint_every, log_every=args.log_every, eval_every=args.eval_every,
             mixed_precision=args.mixed_precision, seed=args.seed,
         )
-    except ValueError as error:
-        raise SystemExit(f"specprim train: {error}") from error
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target, tokenizer = models.load(args.target, dtype=torch.float32)
     feature_model = models.load(args.target, dtype=torch.bfloat16)[0] if args.feature_dtype == "bfloat16" else None
     draft = models.load(args.draft, dtype=torch.float32)[0] if args.draft else None
-    if args.kind == "distill" and draft is None:
-        raise SystemExit("specprim train: kind 'distill' needs --draft MODEL")
-    try:
-        head = train_drafter(
-            args.kind, target, tokenizer, args.out, data=data, config=config, features_dir=args.features,
-            feature_model=feature_model, features_only=args.features_only, draft=draft,
-            draft_vocab_size=args.draft_vocab_size, num_heads=args.num_heads, steps=args.steps,
-            loss_on=args.loss_on, init_from=args.init_from, batch_tokens=args.batch_tokens, align=args.align,
-        )
-    except ValueError as error:
-        raise SystemExit(f"specprim train: {error}") from error
+    head = train_drafter(
+        args.kind, target, tokenizer, args.out, data=data, config=config, features_dir=args.features,
+        feature_model=feature_model, features_only=args.features_only, draft=draft,
+        draft_vocab_size=args.draft_vocab_size, num_heads=args.num_heads, steps=args.steps,
+        loss_on=args.loss_on, init_from=args.init_from, batch_tokens=args.batch_tokens, align=args.align,
+    )
     print(f"feature cache: {head}" if args.features_only else f"trained {args.kind}: {head}")
     return 0
