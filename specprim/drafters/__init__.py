@@ -16,6 +16,7 @@ from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHead
 from specprim.drafters._model import ModelDrafter, lm_draft_vocab
 from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
 from specprim.drafters._prompt_lookup import PromptLookup
+from specprim.drafters._speculators import export_speculators, import_speculators
 from specprim.drafters._static import static_drafting
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
@@ -46,6 +47,8 @@ __all__ = [
     "static_drafting",
     "eagle_drafter",
     "export_eagle3",
+    "export_speculators",
     "import_eagle",
+    "import_speculators",
     "lm_draft_vocab",
 ]

@@ -303,7 +303,14 @@ def import_eagle(directory: str | os.PathLike[str], target: PreTrainedModel) -> 
     """
     config = _read_config(directory)
     weights = {_strip_prefix(name): tensor for name, tensor in _read_weights(directory).items()}
-    where = os.fspath(directory)
+    return head_from_engine_layout(config, weights, target, os.fspath(directory))
+
+
+def head_from_engine_layout(
+    config: dict[str, Any], weights: dict[str, torch.Tensor], target: PreTrainedModel, where: str
+) -> EagleHead:
+    """:func:`import_eagle` on an engine-layout ``config`` dict and ``weights`` (engine names, no ``model.``
+    prefix) already read from ``where`` (named in errors). Pops ``d2t``, ``t2d`` and ``embed_tokens.weight``."""
     _check_layout(config, weights, where)
     draft = LlamaConfig.from_dict({k: v for k, v in config.items() if k != "specprim"})
     hidden, vocab = _target_dims(target)
@@ -395,8 +402,7 @@ def _check_layout(config: dict[str, Any], weights: dict[str, torch.Tensor], wher
         raise ValueError(f"{where!r} was written by EagleHead.save_pretrained: load it with EagleHead.from_pretrained")
     if "speculators_config" in config or "transformer_layer_config" in config:
         raise ValueError(
-            f"{where!r} is in the 'speculators' format (Eagle3Speculator); only the plain LlamaForCausalLMEagle3 "
-            "layout (midlayer.* weights) is supported"
+            f"{where!r} is in the 'speculators' format (Eagle3Speculator): load it with import_speculators"
         )
     midlayer = any(name.startswith("midlayer.") for name in weights)
     fc = weights.get("fc.weight")
