@@ -102,7 +102,7 @@ def generate_command(args: argparse.Namespace) -> int:
         same = torch.equal(baseline[0], out.sequences[0])
         line += f" | identical to plain greedy: {'yes' if same else 'no'}"
     print(line)
-    print(f"start-up {warm_s:.1f} s before timing (building the drafters and warming up; compiling: "
+    print(f"start-up {warm_s:.1f} s before timing (building the drafters and warming up; compiled forwards: "
           f"{'yes' if static else 'no'}); "
           f"numerics: {recipe.numerics or 'float32, as loaded'}")
     return 0

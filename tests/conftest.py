@@ -14,3 +14,10 @@ def _quick_auto_measurement(tmp_path_factory, monkeypatch):
 
     monkeypatch.setattr(_measure, "CANDIDATES", (Recipe(),))
     monkeypatch.setattr(_measure, "cache_root", lambda: tmp_path_factory.getbasetemp() / "auto")
+
+
+@pytest.fixture(autouse=True)
+def _compiled_forwards_in_process(monkeypatch):
+    """Compiled static forwards compile with ``torch.compile`` in tests (whose counters several tests read) and leave
+    no packages in the user's cache; tests/test_aot_forward.py switches the packages on, in a temporary cache."""
+    monkeypatch.setenv("SPECPRIM_AOT", "0")

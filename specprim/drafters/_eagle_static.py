@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
 from transformers import StaticCache
 
 from specprim._types import DraftRequest
 from specprim.drafters._eagle_draft import EagleDraftModel
 from specprim.drafters._eagle_head import EagleHead
+from specprim.hf._aot_forward import CachedForward, aot_applies, package_key, weights_fingerprint
 from specprim.hf._static_target import (
     QUERY_BUCKETS,
     WarmShapes,
@@ -55,6 +58,8 @@ class StaticEagleDraftModel(EagleDraftModel):
         self.cache: StaticCache | None = None
         self._last_logits = torch.empty(0)  # (1, V) logits of the root's children, from the last context pair
         self._step = torch.compile(self._head_step, dynamic=False, fullgraph=True) if compile else self._head_step
+        self._aot_cached = compile and aot_applies(head.layer_config, head)
+        self._aot: dict[tuple[int, int], CachedForward] = {}
 
     def __repr__(self) -> str:
         return f"StaticEagleDraftModel(version={self.head.config.version}, compiled={self.compiled})"
@@ -128,7 +133,7 @@ class StaticEagleDraftModel(EagleDraftModel):
         assert self.cache is not None
         count = tokens.shape[1]
         padded = count if eager else query_bucket(count)
-        self._reserve(write_at + padded, keep=write_at)
+        self._reserve(write_at + padded + int(self._aot_cached), keep=write_at)  # a package's window stays below it
         length = self.cache.layers[0].max_cache_len
         ids = torch.zeros(1, padded, dtype=torch.long, device=self._device)  # (1, Q)
         ids[:, :count] = tokens
@@ -143,7 +148,9 @@ class StaticEagleDraftModel(EagleDraftModel):
         mask = additive_mask(full, dtype=self.head.fc.weight.dtype, device=self._device)  # (1, 1, Q, W)
         torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
         arguments = (ids, inputs, rows.view(1, -1).to(self._device), mask)
-        if self.compiled and not eager:
+        if self._aot_cached and not eager:
+            predicted, logits = self._aot_step(padded, arguments)(self.cache, *arguments)
+        elif self.compiled and not eager:
             predicted, logits = self._warm.call(
                 (padded, length), self._step, *arguments,
                 settings=lambda: compiled_forward_settings(config, self._device.type, padded))
@@ -151,6 +158,20 @@ class StaticEagleDraftModel(EagleDraftModel):
             with windowed_attention(config):
                 predicted, logits = (self._head_step if eager else self._step)(*arguments)
         return predicted[:, :count], logits[:, :count]
+
+    def _aot_step(self, padded: int, example: tuple[torch.Tensor, ...]) -> CachedForward:
+        """The compiled package of the step for this (padded size, cache length), loaded or compiled once."""
+        assert self.cache is not None
+        shape = (padded, self.cache.layers[0].max_cache_len)
+        if shape not in self._aot:
+            config = self.head.layer_config
+            key = dict(shape=f"{self._warm.label} step for shape {shape}", weights=weights_fingerprint(self.head),
+                       config=json.dumps(self.head.config.to_dict(), sort_keys=True, default=str),
+                       **package_key(self.head.fc.weight.dtype))
+            self._aot[shape] = CachedForward.load_or_compile(
+                self._head_step, self.cache, example, key,
+                settings=lambda: compiled_forward_settings(config, self._device.type, padded))
+        return self._aot[shape]
 
     def _head_step(
         self, ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import logging
 import os
@@ -19,6 +20,7 @@ from transformers.cache_utils import StaticLayer
 from transformers.utils import output_capturing
 
 from specprim._types import DraftTree
+from specprim.hf._aot_forward import CachedForward, aot_applies, package_key, weights_fingerprint
 from specprim.hf._target import ModelRunner
 from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
@@ -185,6 +187,9 @@ class StaticTarget(ModelRunner):
         self._forward_layers: Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = self._layers
         if compile:
             self._forward_layers = torch.compile(self._layers, dynamic=False, fullgraph=True)
+        self._aot_cached = compile and aot_applies(model.config, model, self.head)
+        self._aot: dict[tuple[int, tuple[int, ...], int], CachedForward] = {}
+        self._fingerprint: str | None = None
 
     @torch.no_grad()
     def start(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
@@ -288,7 +293,7 @@ class StaticTarget(ModelRunner):
         """:meth:`forward_nodes` padded to ``padded`` (>= n) tokens, the logits in the model's dtype."""
         real, past = tokens.shape[0], self.past_length
         self.check_length(past + real)
-        self._reserve(past + padded, keep=past)
+        self._reserve(past + padded + int(self._aot_cached), keep=past)  # a package's window stays below the cache
         ids = torch.zeros(1, padded, dtype=torch.long, device=self.device)  # (1, Q)
         ids[0, :real] = tokens
         padded_positions = torch.full((padded,), int(positions[0]), dtype=torch.long)  # (Q,), padding rows anywhere
@@ -300,7 +305,9 @@ class StaticTarget(ModelRunner):
         torch._dynamo.maybe_mark_dynamic(mask, 3)  # one compiled graph for every window
         position_ids = padded_positions.view(1, -1).to(self.device)  # (1, Q)
         arguments = (ids, position_ids, mask, feature_layers)
-        if self.compiled:
+        if self.compiled and self._aot_cached:
+            logits, hidden = self._aot_forward(padded, feature_layers, arguments[:3])(self.cache, *arguments[:3])
+        elif self.compiled:
             logits, hidden = self._warm.call(
                 (padded, feature_layers, self.cache_length), self._forward_layers, *arguments,
                 settings=lambda: compiled_forward_settings(self.decoder.config, self.device.type, padded,
@@ -309,6 +316,22 @@ class StaticTarget(ModelRunner):
             with self._attention():
                 logits, hidden = self._forward_layers(*arguments)
         return logits[:, :real], tuple(h[:, :real] for h in hidden)
+
+    def _aot_forward(self, padded: int, feature_layers: tuple[int, ...],
+                     example: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> CachedForward:
+        """The compiled package of this (padded size, feature layers, cache length), loaded or compiled once."""
+        shape = (padded, feature_layers, self.cache_length)
+        if shape not in self._aot:
+            if self._fingerprint is None:
+                self._fingerprint = weights_fingerprint(self.model) + weights_fingerprint(self.head)
+            key = dict(shape=f"{self._warm.label} for shape {shape}", weights=self._fingerprint,
+                       config=self.model.config.to_json_string(use_diff=False),
+                       gemm_template=_uses_gemm_template(padded, self._gemm_template), **package_key(self.dtype))
+            self._aot[shape] = CachedForward.load_or_compile(
+                functools.partial(self._layers, feature_layers=feature_layers), self.cache, example, key,
+                settings=lambda: compiled_forward_settings(self.decoder.config, self.device.type, padded,
+                                                           gemm_template=self._gemm_template))
+        return self._aot[shape]
 
     def commit(self, path: torch.Tensor, num_accepted: torch.Tensor) -> None:
         """Keep the KV entries of the root and the accepted nodes: copy them in place to follow the root.

@@ -37,7 +37,7 @@ def windowed_sdpa_forward(
         what ``sdpa_attention_forward`` returns: (B, Q, heads, D) and ``None``. Equal to SDPA over all ``L`` slots
         with the mask padded by masked columns, up to the rounding of a shorter reduction.
     """
-    if attention_mask is not None and attention_mask.shape[-1] < key.shape[-2]:
+    if attention_mask is not None:  # a window of every slot slices nothing (one traced graph for every W <= L)
         window = attention_mask.shape[-1]
         key, value = key[:, :, :window], value[:, :, :window]
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
