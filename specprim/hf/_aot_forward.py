@@ -175,15 +175,17 @@ def _temporary_path(path: Path) -> Iterator[Path]:
 
 def aot_applies(config: Any, *modules: torch.nn.Module) -> bool:
     """Whether the compiled static forward of ``modules`` (whose attention reads ``config``) is cached as packages: on
-    CPU, on windowed SDPA (:func:`specprim.hf.windowed_attention`), with plain or packed linears (not int4, whose
-    kernels the packages were not checked with), unless ``SPECPRIM_AOT=0``."""
+    CPU, on windowed SDPA (:func:`specprim.hf.windowed_attention`), with plain linears (not int4 or pre-packed
+    bfloat16 ones, which no package has been checked with yet: they keep ``torch.compile``), unless
+    ``SPECPRIM_AOT=0``."""
     from specprim.hf._windowed_attention import attends_windowed
+    from specprim.models._pack import PackedLinear
     from specprim.models._quantize import Int4Linear
 
     parts = [part for module in modules for part in module.modules()]
     on_cpu = all(parameter.device.type == "cpu" for module in modules for parameter in module.parameters())
-    int4 = any(isinstance(part, Int4Linear) for part in parts)
-    return aot_enabled() and on_cpu and attends_windowed(config) and not int4
+    special = any(isinstance(part, (Int4Linear, PackedLinear)) for part in parts)
+    return aot_enabled() and on_cpu and attends_windowed(config) and not special
 
 
 def package_key(dtype: torch.dtype) -> dict[str, str]:
