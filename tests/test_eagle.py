@@ -307,6 +307,7 @@ def test_loading_on_another_target_raises(tmp_path):
     ]:
         with pytest.raises(ValueError, match=message):
             EagleHead.from_pretrained(tmp_path, other)
+    (tmp_path / "specprim_checksums.json").unlink()  # a config edited by hand, on purpose
     with pytest.raises(ValueError, match="not a EagleHead"):
         (tmp_path / "config.json").write_text('{"head": "MedusaHeads", "config": {}}')
         EagleHead.from_pretrained(tmp_path, tiny_causal_lm("llama"))

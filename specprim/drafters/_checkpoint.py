@@ -5,7 +5,11 @@ A head checkpoint is a directory with two files:
 - ``config.json``: ``{"head": <class name>, "config": {...}}``; the config holds at least ``hidden_size`` and
   ``vocab_size``, the target dimensions the head was built for;
 - ``model.safetensors``: the head's own ``state_dict``. Target modules a head uses by reference (embeddings,
-  LM head) are not registered as sub-modules, so they are never saved.
+  LM head) are not registered as sub-modules, so they are never saved;
+- ``specprim_checksums.json``: the size and SHA-256 of both, written last (see :mod:`specprim._integrity`).
+
+Each file is written atomically and checked on load: a truncated, corrupted or half-rewritten head raises a
+``ValueError`` naming the file; only safetensors weights are read (never a pickle).
 """
 
 from __future__ import annotations
@@ -15,7 +19,10 @@ import os
 from typing import Any, Protocol, TypeVar
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
+
+from specprim._integrity import DamagedFileError, UnsafeFileError, check_directory, write_atomically, write_checksums
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -64,22 +71,37 @@ def save_head(module: torch.nn.Module, config: dict[str, Any], directory: str | 
         if name not in config:
             raise ValueError(f"a head config must record the target's {name}")
     os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, CONFIG_NAME), "w") as f:
-        json.dump({"head": type(module).__name__, "config": config}, f, indent=2, sort_keys=True)
     state = {name: tensor.detach().contiguous().cpu() for name, tensor in module.state_dict().items()}
-    save_file(state, os.path.join(directory, WEIGHTS_NAME))
+    text = json.dumps({"head": type(module).__name__, "config": config}, indent=2, sort_keys=True)
+    written = {WEIGHTS_NAME: write_atomically(os.path.join(directory, WEIGHTS_NAME), save(state)),
+               CONFIG_NAME: write_atomically(os.path.join(directory, CONFIG_NAME), text.encode())}
+    write_checksums(directory, written)  # last: a save cut short leaves files that do not match the record
 
 
 def load_config(cls: type, directory: str | os.PathLike[str]) -> dict[str, Any]:
     """The config saved in ``directory``; ``ValueError`` if it was saved by another head class."""
-    path = os.path.join(directory, CONFIG_NAME)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"no {CONFIG_NAME} in {os.fspath(directory)!r}: not a saved head")
-    with open(path) as f:
-        saved = json.load(f)
+    saved = read_head_config(directory)
     if saved.get("head") != cls.__name__:
         raise ValueError(f"{os.fspath(directory)!r} holds a {saved.get('head')} checkpoint, not a {cls.__name__}")
     return saved["config"]
+
+
+def read_head_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """The saved ``config.json`` of the head in ``directory`` (``{"head": class name, "config": {...}}``), after
+    checking the directory's files against their recorded checksums. Raises ``FileNotFoundError`` for a directory
+    without one, ``ValueError`` naming the file for a damaged head."""
+    path = os.path.join(directory, CONFIG_NAME)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"no {CONFIG_NAME} in {os.fspath(directory)!r}: not a saved head")
+    check_directory(directory)
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except ValueError as error:
+        raise DamagedFileError(f"{path} is not a whole JSON file ({error})") from error
+    if not isinstance(saved, dict) or not isinstance(saved.get("config"), dict):
+        raise DamagedFileError(f"{path} is not a head config: expected {{\"head\": ..., \"config\": {{...}}}}")
+    return saved
 
 
 def load_head(cls: type[Head], directory: str | os.PathLike[str], target: torch.nn.Module) -> Head:
@@ -94,6 +116,16 @@ def load_head(cls: type[Head], directory: str | os.PathLike[str], target: torch.
     head = cls.from_config(config, target)
     reference = next(iter(head.parameters()), None)
     device = "cpu" if reference is None else str(reference.device)
-    state = load_file(os.path.join(directory, WEIGHTS_NAME), device=device)
+    weights = os.path.join(directory, WEIGHTS_NAME)
+    if not os.path.isfile(weights):
+        pickles = sorted(name for name in os.listdir(directory) if name.endswith((".bin", ".pt", ".pth", ".pkl")))
+        if pickles:
+            raise UnsafeFileError(f"{os.fspath(directory)!r} holds {pickles[0]} and no {WEIGHTS_NAME}: heads are read "
+                                  "from safetensors only (a pickle can run code)")
+        raise FileNotFoundError(f"no {WEIGHTS_NAME} in {os.fspath(directory)!r}: not a saved head")
+    try:
+        state = load_file(weights, device=device)
+    except SafetensorError as error:
+        raise DamagedFileError(f"{weights} is not a whole safetensors file ({error})") from error
     head.load_state_dict(state, strict=True)
     return head

@@ -7,12 +7,15 @@ import functools
 import hashlib
 import json
 import os
+import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from specprim._integrity import DamagedFileError, UnsafeFileError, atomic_path
 from specprim._types import DraftRequest, DraftTree, Verdict
 
 __all__ = ["Datastore", "DatastoreLookup", "tokenizer_fingerprint"]
@@ -100,19 +103,22 @@ class Datastore:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write the corpus (not the index, rebuilt on load), lookup lengths and tokenizer fingerprint to a
-        compressed ``.npz`` file (token ids as uint16 when they fit)."""
+        compressed ``.npz`` file (token ids as uint16 when they fit; ``.npz`` is appended to a path without it).
+        The file appears whole or not at all (written under a temporary name, then renamed); the zip format records
+        a CRC-32 of each array, checked by :meth:`load`."""
         dtype = np.uint16 if self.max_token_id < np.iinfo(np.uint16).max else np.int32
         stored = np.where(self.tokens == _SEPARATOR, np.iinfo(dtype).max, self.tokens).astype(dtype)
-        np.savez_compressed(path, tokens=stored, ngram=np.array([self.min_ngram, self.max_ngram]),
-                            tokenizer=np.array(self.tokenizer or ""))
+        final = os.fspath(path) if os.fspath(path).endswith(".npz") else f"{os.fspath(path)}.npz"
+        with atomic_path(final) as staged, open(staged, "wb") as f:
+            np.savez_compressed(f, tokens=stored, ngram=np.array([self.min_ngram, self.max_ngram]),
+                                tokenizer=np.array(self.tokenizer or ""))
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], **kwargs: Any) -> Datastore:
         """Read a file written by :meth:`save`; ``kwargs`` (``max_ngram``, ``min_ngram``) override the saved
-        lookup lengths."""
-        with np.load(path) as data:
-            stored, (min_ngram, max_ngram) = data["tokens"], data["ngram"].tolist()
-            fingerprint = str(data["tokenizer"]) if "tokenizer" in data else ""
+        lookup lengths. Raises ``ValueError`` naming the file when it is truncated or corrupted (a CRC-32 of each
+        array is checked) or holds pickled objects (never loaded: a pickle can run code)."""
+        stored, (min_ngram, max_ngram), fingerprint = _read_npz(path)
         tokens = np.where(stored == np.iinfo(stored.dtype).max, _SEPARATOR, stored.astype(np.int64))
         options = {"min_ngram": int(min_ngram), "max_ngram": int(max_ngram), "tokenizer": fingerprint or None,
                    **kwargs}
@@ -166,6 +172,29 @@ class Datastore:
                 ordered, order = torch.sort(torch.from_numpy(hashes[inside]), stable=True)  # torch: parallel
                 index[n] = ordered.numpy(), inside[order.numpy()] + n
         return index
+
+
+def _read_npz(path: str | os.PathLike[str]) -> tuple[np.ndarray, list[int], str]:
+    """``(tokens, [min_ngram, max_ngram], tokenizer fingerprint)`` of a datastore file, every array read whole
+    (so that each one's CRC-32 is checked)."""
+    try:
+        with np.load(path) as data:  # allow_pickle=False: an object array raises instead of unpickling
+            stored, ngram = data["tokens"], data["ngram"].tolist()
+            fingerprint = str(data["tokenizer"]) if "tokenizer" in data else ""
+    except ValueError as error:
+        if "pickle" in str(error):
+            raise UnsafeFileError(f"{os.fspath(path)} holds pickled Python objects, which are never loaded (a pickle "
+                                  "can run code): not a file written by Datastore.save") from error
+        raise DamagedFileError(f"{os.fspath(path)} is not a whole datastore written by Datastore.save "
+                               f"({error})") from error
+    except (zipfile.BadZipFile, zlib.error, EOFError, KeyError, OSError) as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise DamagedFileError(f"{os.fspath(path)} is not a whole datastore written by Datastore.save "
+                               f"({type(error).__name__}: {error})") from error
+    if not (isinstance(ngram, list) and len(ngram) == 2 and stored.ndim == 1 and stored.dtype.kind in "iu"):
+        raise DamagedFileError(f"{os.fspath(path)} is not a datastore written by Datastore.save (unexpected arrays)")
+    return stored, ngram, fingerprint
 
 
 def _split(tokens: np.ndarray) -> list[np.ndarray]:

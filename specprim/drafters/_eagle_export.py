@@ -75,12 +75,15 @@ import copy
 import json
 import os
 from collections.abc import Mapping
+from pickle import UnpicklingError
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, PreTrainedModel
 
+from specprim._integrity import DamagedFileError, UnsafeFileError
 from specprim.drafters._eagle_head import EagleConfig, EagleHead
 from specprim.drafters._vocab import check_d2t, target_mask
 
@@ -373,22 +376,33 @@ def _read_weights(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
     index = os.path.join(directory, "model.safetensors.index.json")
     pickle = os.path.join(directory, "pytorch_model.bin")
     if os.path.isfile(single):
-        return load_file(single)
+        return _read_safetensors(single)
     if os.path.isfile(index):
         with open(index) as f:
             shards = sorted(set(json.load(f)["weight_map"].values()))
         weights: dict[str, torch.Tensor] = {}
         for shard in shards:
-            weights.update(load_file(os.path.join(directory, shard)))
+            weights.update(_read_safetensors(os.path.join(directory, shard)))
         return weights
     if os.path.isfile(pickle):
-        loaded = torch.load(pickle, map_location="cpu", weights_only=True)
+        try:
+            loaded = torch.load(pickle, map_location="cpu", weights_only=True)
+        except UnpicklingError as error:
+            raise UnsafeFileError(f"{pickle} holds pickled objects other than tensors; they are never loaded (a "
+                                  "pickle can run code)") from error
         if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
             raise ValueError(f"{pickle!r} does not hold a state dict of tensors")
         return dict(loaded)
     raise FileNotFoundError(
         f"no {WEIGHTS_NAME}, model.safetensors.index.json or pytorch_model.bin in {os.fspath(directory)!r}"
     )
+
+
+def _read_safetensors(path: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except SafetensorError as error:
+        raise DamagedFileError(f"{path} is not a whole safetensors file ({error})") from error
 
 
 def _strip_prefix(name: str) -> str:

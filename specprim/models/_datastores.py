@@ -4,7 +4,8 @@ A shipped datastore is a directory under ``specprim/models/datastores/<name>/`` 
 ids written by :meth:`specprim.drafters.Datastore.save`, tokenised for one target, with that tokenizer's
 fingerprint) and a ``README.md`` card (what the text is, how it was made, measured tau). A built one
 (:data:`BUILT_DATASTORES`) is tokenised with the caller's tokenizer the first time and cached in
-``cache_dir() / "datastores"``, one file per tokenizer.
+``cache_dir() / "datastores"``, one file per tokenizer (built again, after one warning line, if it is found
+damaged).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from specprim._integrity import DamagedFileError
 from specprim.models._load import cache_dir
 
 logger = logging.getLogger(__name__)
@@ -81,12 +83,24 @@ def load_datastore(
     if name in BUILT_DATASTORES:
         if tokenizer is None:
             raise ValueError(f"the {name!r} datastore is tokenised for the target on first use: pass its tokenizer")
-        store = Datastore.load(_built_path(name, tokenizer, Datastore), **kwargs)
+        store = _load_built(name, tokenizer, Datastore, **kwargs)
     else:
         store = Datastore.load(datastore_path(name), **kwargs)
     if tokenizer is not None:
         store.check_tokenizer(tokenizer)
     return store
+
+
+def _load_built(name: str, tokenizer: Any, datastore_class: Any, **kwargs: Any) -> Any:
+    """The built datastore ``name`` for ``tokenizer``, from the cache; a cached file found damaged is logged, removed
+    and built again."""
+    path = _built_path(name, tokenizer, datastore_class)
+    try:
+        return datastore_class.load(path, **kwargs)
+    except DamagedFileError as error:
+        logger.warning("%s: building the %s datastore again", error, name)
+        path.unlink(missing_ok=True)
+    return datastore_class.load(_built_path(name, tokenizer, datastore_class), **kwargs)
 
 
 def _built_path(name: str, tokenizer: Any, datastore_class: Any) -> Path:
@@ -95,12 +109,9 @@ def _built_path(name: str, tokenizer: Any, datastore_class: Any) -> Path:
 
     path = cache_dir() / "datastores" / f"{name}-{tokenizer_fingerprint(tokenizer)}.npz"
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staged = path.with_name(f".{path.stem}.{os.getpid()}.npz")
         logger.info("building the %s datastore for this tokenizer (once; about a minute) into %s", name, path)
         start = time.perf_counter()
-        datastore_class.from_texts(BUILT_DATASTORES[name](), tokenizer).save(staged)
-        os.replace(staged, path)
+        datastore_class.from_texts(BUILT_DATASTORES[name](), tokenizer).save(path)  # written atomically
         logger.info("built the %s datastore in %.1f s", name, time.perf_counter() - start)
     return path
 

@@ -7,7 +7,6 @@ target's dtype) and a ``README.md`` model card (data, steps, wall time, command,
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -73,9 +72,10 @@ def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     copies the weights once, so training it would not change its outputs).
     """
     from specprim.drafters import EagleHead, MedusaHeads, MTPHead
+    from specprim.drafters._checkpoint import read_head_config
 
     directory = head_path(name_or_path)
-    kind = json.loads((directory / "config.json").read_text()).get("head")
+    kind = read_head_config(directory).get("head")
     classes = {cls.__name__: cls for cls in (EagleHead, MedusaHeads, MTPHead)}
     if kind not in classes:
         raise ValueError(f"{directory} holds a {kind!r} checkpoint; known head classes: {sorted(classes)}")

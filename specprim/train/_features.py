@@ -3,12 +3,18 @@
 A feature cache is a directory:
 
 - ``manifest.json``: the target's dimensions, the ``layers`` stored, ``top_k``, and one record per shard
-  (file name, example lengths); written after every shard, so an interrupted build resumes at the next shard;
+  (file name, example lengths, size and SHA-256); written after every shard, so an interrupted build resumes at the
+  next shard;
 - ``shard-00000.safetensors``, ...: for the ``n`` examples of a shard, concatenated along tokens (``N`` in all):
   ``input_ids`` (N,) int32, ``assistant_mask`` (N,) uint8, ``features`` (N, k, d) bfloat16 (the target's
   ``output_hidden_states`` at ``layers``), ``topk_ids`` (N, K) int32 and ``topk_logprobs`` (N, K) float32: the
   target's ``K`` most likely next tokens after each position and their log-probabilities (temperature 1, over
   the whole vocabulary; ``topk_ids[:, 0]`` is the greedy token).
+
+Shards are written under a temporary name and renamed, so a killed build leaves no half shard. A resumed build
+hashes the shards it keeps: from the first one that differs from its record (truncated, corrupted) on, they are
+computed again. :class:`FeatureDataset` checks each shard once (its size and SHA-256; the safetensors header for a
+shard recorded without them, by an earlier version) before reading it, and refuses a damaged one.
 
 :class:`FeatureDataset` reads a cache back as padded :class:`FeatureBatch` es in a seeded order.
 """
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import random
 from collections.abc import Iterator, Sequence
@@ -24,14 +31,18 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
+from specprim._integrity import DamagedFileError, check_file, check_safetensors, write_atomically
 from specprim.train._data import Example
 from specprim.train._progress import progress_bar
 
 __all__ = ["FeatureBatch", "FeatureDataset", "build_feature_cache"]
 
 MANIFEST = "manifest.json"
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +120,8 @@ def build_feature_cache(
     ``layers`` index ``output_hidden_states`` (0 = embeddings, ``L`` or -1 = after the final norm). Examples run
     one at a time (no padding) in the target's dtype; features are stored in bfloat16, top-``K`` log-probs in
     float32. Shards already listed in an existing manifest for the same target, layers, ``top_k`` and examples are
-    kept (resume); a manifest for different settings raises ``ValueError`` instead of mixing caches.
+    kept (resume) up to the first damaged one (logged; it and the later ones are computed again); a manifest for
+    different settings raises ``ValueError`` instead of mixing caches.
 
     Returns the directory.
     """
@@ -129,10 +141,14 @@ def build_feature_cache(
     }
     if not examples:
         raise ValueError("no examples to cache")
-    manifest = _read_manifest(directory)
+    try:
+        manifest = _read_manifest(directory)
+    except DamagedFileError as error:
+        logger.warning("%s: computing the feature cache again", error)
+        manifest = None
     if manifest is not None and {k: manifest.get(k) for k in header} != header:
         raise ValueError(f"{directory} holds a feature cache built with other settings; use another directory")
-    shards = manifest["shards"] if manifest is not None else []
+    shards = _intact_shards(directory, manifest["shards"]) if manifest is not None else []
     plan = _shard_plan([len(e.input_ids) for e in examples], shard_tokens)
     device = target.get_input_embeddings().weight.device
     bar = progress_bar(header["num_tokens"], sum(sum(s["lengths"]) for s in shards), progress, "target features",
@@ -141,9 +157,8 @@ def build_feature_cache(
         start, stop = plan[index]
         tensors = _shard_tensors(target, examples[start:stop], header["layers"], top_k, device)
         name = f"shard-{index:05d}.safetensors"
-        save_file(tensors, str(directory / f".{name}.tmp"))
-        os.replace(directory / f".{name}.tmp", directory / name)
-        shards.append({"file": name, "lengths": [len(e.input_ids) for e in examples[start:stop]]})
+        written = write_atomically(directory / name, save(tensors))
+        shards.append({"file": name, "lengths": [len(e.input_ids) for e in examples[start:stop]], **written})
         _write_manifest(directory, {**header, "shards": shards, "complete": index + 1 == len(plan)})
         if bar is not None:
             bar.update(sum(shards[-1]["lengths"]))
@@ -152,6 +167,31 @@ def build_feature_cache(
     if not plan[len(shards):] and manifest is not None and not manifest.get("complete"):
         _write_manifest(directory, {**header, "shards": shards, "complete": True})
     return directory
+
+
+def _intact_shards(directory: Path, shards: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records of ``shards`` before the first damaged one (every recorded shard hashed; one recorded without a
+    checksum, by an earlier version, checked against its safetensors header); the damage is logged."""
+    for index, record in enumerate(shards):
+        try:
+            check_shard(directory, record, full=True)
+        except DamagedFileError as error:
+            logger.warning("%s: computing shard %d of %d and the later ones again", error, index, len(shards))
+            return shards[:index]
+    return shards
+
+
+def check_shard(directory: Path, record: dict[str, Any], *, full: bool = False) -> None:
+    """Raise ``ValueError`` naming the shard file of ``record`` when it differs from its recorded size and SHA-256
+    (the hash: when ``full`` or the shard is small), or, for a record without them, is not a whole safetensors
+    file."""
+    path = directory / record["file"]
+    if "sha256" in record:
+        check_file(path, record, full=full, where=str(directory / MANIFEST))
+    elif not path.is_file():
+        raise DamagedFileError(f"{path} is missing (listed in {directory / MANIFEST})")
+    else:
+        check_safetensors(path)
 
 
 def _shard_tensors(target: Any, examples: Sequence[Example], layers: Sequence[int], top_k: int,
@@ -178,8 +218,14 @@ def _read_manifest(directory: Path) -> dict[str, Any] | None:
     path = directory / MANIFEST
     if not path.is_file():
         return None
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path) as f:
+            manifest = json.load(f)
+    except ValueError as error:
+        raise DamagedFileError(f"{path} is not a whole JSON file ({error})") from error
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise DamagedFileError(f"{path} is not a feature cache manifest (no list of shards)")
+    return manifest
 
 
 def _write_manifest(directory: Path, manifest: dict[str, Any]) -> None:
@@ -215,6 +261,7 @@ class FeatureDataset:
         self._train = examples[: len(examples) - holdout]
         self._holdout = examples[len(examples) - holdout:]
         self._loaded: tuple[int, dict[str, torch.Tensor], list[int]] | None = None
+        self._checked: set[int] = set()  # shards whose size and hash were checked
 
     @property
     def num_train_tokens(self) -> int:
@@ -274,7 +321,14 @@ class FeatureDataset:
     def _example(self, shard: int, index: int) -> dict[str, torch.Tensor]:
         if self._loaded is None or self._loaded[0] != shard:
             record = self.manifest["shards"][shard]
-            tensors = load_file(str(self.directory / record["file"]))
+            if shard not in self._checked:
+                check_shard(self.directory, record, full=True)
+                self._checked.add(shard)
+            try:
+                tensors = load_file(str(self.directory / record["file"]))
+            except SafetensorError as error:
+                raise DamagedFileError(f"{self.directory / record['file']} is not a whole safetensors file "
+                                       f"({error})") from error
             offsets = [0]
             for length in record["lengths"]:
                 offsets.append(offsets[-1] + length)

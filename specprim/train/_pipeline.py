@@ -22,7 +22,7 @@ from specprim.drafters._eagle_head import default_feature_layers
 from specprim.drafters._vocab import count_tokens
 from specprim.train._data import load_conversations, render_all
 from specprim.train._distill import self_distill
-from specprim.train._features import MANIFEST, FeatureDataset, build_feature_cache
+from specprim.train._features import MANIFEST, FeatureDataset, build_feature_cache, check_shard
 from specprim.train._objective import EagleObjective, MTPObjective, Objective
 from specprim.train._trainer import TrainConfig, train
 
@@ -93,6 +93,7 @@ def greedy_token_counts(dataset: FeatureDataset, vocab_size: int) -> torch.Tenso
 
     counts = torch.zeros(vocab_size, dtype=torch.long)
     for shard in dataset.manifest["shards"]:
+        check_shard(dataset.directory, shard)  # its size (and hash, when small): a damaged shard raises by name
         with safe_open(str(dataset.directory / shard["file"]), framework="pt") as f:
             counts += count_tokens([f.get_slice("topk_ids")[:, 0]], vocab_size)
     return counts

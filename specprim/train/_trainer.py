@@ -6,9 +6,11 @@ epoch are left out so that all processes step together; gradients are averaged b
 State lives in ``output_dir``:
 
 - ``checkpoint/``: accelerate state (weights, optimizer, scheduler, RNG) plus ``trainer_state.json`` (step,
-  epoch, batch within the epoch), written every ``checkpoint_every`` steps and at the end; a new call with
-  the same ``output_dir`` resumes from it and, as the data order is a function of ``(seed, epoch)``, continues
-  exactly as an uninterrupted run would;
+  epoch, batch within the epoch) and the checksums of the accelerate files, written every ``checkpoint_every``
+  steps and at the end (in a new directory, then swapped in); a new call with the same ``output_dir`` resumes from
+  it and, as the data order is a function of ``(seed, epoch)``, continues exactly as an uninterrupted run would. A
+  checkpoint that differs from its checksums, or holds pickled objects other than tensors and plain state, is
+  refused (a ``ValueError`` naming it) before anything is loaded from it;
 - ``log.jsonl``: one JSON line per ``log_every`` steps (``step``, ``epoch``, ``lr``, ``tokens`` and ``tokens_per_s``
   summed over processes, ``train_seconds`` of optimisation so far across resumed runs, the main process's
   metrics averaged since the last line) and one per evaluation (``"eval": true``, metrics on the held-out
@@ -22,6 +24,7 @@ import dataclasses
 import json
 import math
 import os
+import pickle
 import shutil
 import time
 from collections import defaultdict
@@ -30,6 +33,7 @@ from typing import Any
 
 import torch
 
+from specprim._integrity import DamagedFileError, UnsafeFileError, check_directory, write_checksums
 from specprim.train._features import FeatureDataset
 from specprim.train._objective import Objective
 from specprim.train._progress import progress_bar
@@ -127,8 +131,8 @@ def train(
     if not (checkpoint / STATE_NAME).is_file() and (checkpoint.with_name("checkpoint.old") / STATE_NAME).is_file():
         checkpoint = checkpoint.with_name("checkpoint.old")  # interrupted between the two renames
     if (checkpoint / STATE_NAME).is_file():
-        accelerator.load_state(str(checkpoint))
-        state = json.loads((checkpoint / STATE_NAME).read_text())
+        _load_checkpoint(accelerator, checkpoint)
+        state = _read_state(checkpoint / STATE_NAME)
         checkpoint = output / "checkpoint"
     bar = progress_bar(total, state["step"], progress and accelerator.is_main_process, "train", unit="step")
     sums: dict[str, float] = defaultdict(float)
@@ -226,13 +230,42 @@ def _evaluate(model, dataset: FeatureDataset, accelerator, output: Path, state: 
     return metrics
 
 
+def _load_checkpoint(accelerator, checkpoint: Path) -> None:
+    """Restore the accelerate state in ``checkpoint`` once its files match their checksums (one written before
+    checksums were kept is loaded as it is); pickled objects are refused (accelerate reads with
+    ``weights_only``)."""
+    try:
+        check_directory(checkpoint, full=True)
+    except DamagedFileError as error:
+        raise DamagedFileError(f"{error}: the checkpoint cannot be resumed; delete {checkpoint} to train from the "
+                               "start") from error
+    try:
+        accelerator.load_state(str(checkpoint))
+    except pickle.UnpicklingError as error:
+        raise UnsafeFileError(f"{checkpoint} holds pickled objects other than tensors and plain state; they are never "
+                              "loaded (a pickle can run code)") from error
+
+
+def _read_state(path: Path) -> dict[str, Any]:
+    try:
+        state = json.loads(path.read_text())
+    except ValueError as error:
+        raise DamagedFileError(f"{path} is not a whole JSON file ({error}): delete {path.parent} to train from the "
+                               "start") from error
+    if not isinstance(state, dict) or not {"step", "epoch", "batch"} <= set(state):
+        raise DamagedFileError(f"{path} is not a trainer state (step, epoch, batch)")
+    return state
+
+
 def _save(accelerator, model, checkpoint: Path, output: Path, state: dict[str, int]) -> None:
     """Write the checkpoint next to the old one, then swap, so an interruption never leaves a torn checkpoint."""
     accelerator.wait_for_everyone()
     staged = checkpoint.with_name(checkpoint.name + ".new")
     accelerator.save_state(str(staged))
+    accelerator.wait_for_everyone()  # every process's files are written before they are hashed
     if accelerator.is_main_process:
         (staged / STATE_NAME).write_text(json.dumps(state))
+        write_checksums(staged, exclude=(STATE_NAME,))  # the state is small JSON that a campaign may rewrite
         old = checkpoint.with_name(checkpoint.name + ".old")
         if checkpoint.exists():
             os.replace(checkpoint, old)
