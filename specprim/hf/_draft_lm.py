@@ -75,7 +75,7 @@ class LMDraftModel:
             self._cache = DynamicCache(config=self.model.config)
             self._committed = ids.new_empty(0)
         elif shared < len(self._committed):
-            self._cache.crop(shared - len(self._committed))
+            _keep_first(self._cache, shared)
             self._committed = self._committed[:shared]
         logits = self._forward(ids[shared:], attention_mask=None, position_ids=None, last_only=True)  # (1, 1, V_d)
         self._committed = torch.cat([self._committed, ids[shared:]])
@@ -122,8 +122,10 @@ class LMDraftModel:
         return torch.where(ids < self.vocab_size, ids, self.unknown_token_id)
 
     def _drop_scratch(self) -> None:
-        if self._cache is not None and self._scratch_parents:
-            self._cache.crop(-len(self._scratch_parents))
+        """Forget the scratch nodes: the cache keeps the committed tokens only (also after a forward that raised
+        part-way, which left more entries in its first layers than in the others)."""
+        if self._cache is not None:
+            _keep_first(self._cache, len(self._committed))
         self._scratch_parents, self._scratch_depths = [], []
 
     def _shared_prefix(self, ids: torch.Tensor) -> int:
@@ -155,6 +157,14 @@ class LMDraftModel:
             return scatter_to_target(logits, self.d2t, self._target_vocab)
         missing = self._target_vocab - logits.shape[-1]
         return torch.nn.functional.pad(logits, (0, missing), value=float("-inf")) if missing else logits
+
+
+def _keep_first(cache: DynamicCache, length: int) -> None:
+    """Cut every layer of ``cache`` to its first ``length`` positions (layers may hold different lengths)."""
+    for layer in cache.layers:
+        extra = layer.get_seq_length() - length
+        if extra > 0:
+            layer.crop(-extra)
 
 
 def restricted_head(model: PreTrainedModel, d2t: torch.Tensor) -> nn.Module:

@@ -409,8 +409,8 @@ class StaticTarget(ModelRunner):
     def _check_feature_layers(self, feature_layers: tuple[int, ...]) -> None:
         count = len(self.decoder.layers) + 1
         for index in feature_layers:
-            if not 0 <= index < count:
-                raise ValueError(f"feature layer {index} is outside output_hidden_states' range [0, {count})")
+            if not -count <= index < count:  # negative: from the end, as in output_hidden_states (-1: the last)
+                raise ValueError(f"feature layer {index} is outside output_hidden_states' range [-{count}, {count})")
 
 
 @contextlib.contextmanager
