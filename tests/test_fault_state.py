@@ -160,7 +160,8 @@ def test_a_target_that_raised_mid_generation_verifies_as_a_fresh_one(target, dra
 
 
 def test_ctrl_c_during_generate_leaves_its_session_answering_as_a_fresh_one(tmp_path, target, draft):
-    """``specprim.generate`` keeps the built recipe for the next call: a Ctrl-C mid-answer must not spoil it."""
+    """``specprim.generate`` keeps the built recipe for the next call: a Ctrl-C inside its draft model's forward
+    propagates, and the next call answers as a fresh session does."""
     from specprim import _generate
 
     for name, model in (("target", target), ("draft", draft)):
@@ -169,24 +170,14 @@ def test_ctrl_c_during_generate_leaves_its_session_answering_as_a_fresh_one(tmp_
     recipe = Recipe(method="leviathan", draft=str(tmp_path / "draft"), verifier="static", num_draft=3)
     ask = functools.partial(_generate.generate, "t5 t6 t7 t5 t6", target=str(tmp_path / "target"), recipe=recipe,
                             max_new_tokens=NEW_TOKENS)
-
-    class Interrupt:
-        """A streamer whose third ``put`` (the second step's tokens) is where Ctrl-C arrives."""
-
-        calls = 0
-
-        def put(self, value):
-            self.calls += 1
-            if self.calls == 3:
-                raise KeyboardInterrupt
-
-        def end(self):
-            pass
-
     _generate._session.cache_clear()
     try:
+        _, built = _generate._session(str(tmp_path / "target"), recipe)  # what generate() will use
+        draft_lm = built.method.drafter.model.model  # ModelDrafter -> LMDraftModel -> the loaded draft model
+        undo = _fail_on_call(draft_lm.model.layers[1], 5, KeyboardInterrupt())
         with pytest.raises(KeyboardInterrupt):
-            ask(streamer=Interrupt())
+            ask()
+        undo()
         again = ask()
         _generate._session.cache_clear()
         fresh = ask()
