@@ -780,6 +780,17 @@ def trainer_state(run: Path) -> dict[str, Any]:
     return {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
 
 
+def settings_conflict(saved: Campaign, campaign: Campaign, retrain: bool) -> str | None:
+    """Why ``campaign`` cannot continue the run started as ``saved`` (its settings differ, and not only the head's
+    with ``retrain``), or ``None`` when it can."""
+    differ = _settings_differ(saved, campaign)
+    only_head = differ and not _settings_differ(dataclasses.replace(saved, head=campaign.head), campaign)
+    if not differ or (retrain and only_head):
+        return None
+    hint = "retrain (--retrain) to train the head again on the same data, or use" if only_head else "use"
+    return f"{campaign.run_dir} was started with other settings ({'; '.join(differ)}); {hint} another run directory"
+
+
 def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_items: int | None = None,
                  log: Callable[[str], None] = print, before_unit: Callable[[], None] | None = None,
                  retrain: bool = False) -> CampaignStatus:
@@ -800,12 +811,10 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     run_dir = Path(campaign.run_dir)
     if (run_dir / CONFIG_NAME).is_file():
         saved = load_campaign(run_dir)
+        conflict = settings_conflict(saved, campaign, retrain)
+        if conflict:
+            raise ValueError(conflict)
         differ = _settings_differ(saved, campaign)
-        only_head = differ and not _settings_differ(dataclasses.replace(saved, head=campaign.head), campaign)
-        if differ and not (retrain and only_head):
-            hint = "retrain (--retrain) to train the head again on the same data, or use" if only_head else "use"
-            raise ValueError(f"{run_dir} was started with other settings ({'; '.join(differ)}); {hint} another run "
-                             "directory")
         if differ:
             archive = run_dir / f"retrained-{1 + len(list(run_dir.glob('retrained-*')))}"
             archive.mkdir()

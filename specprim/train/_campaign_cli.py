@@ -164,17 +164,13 @@ def check_resumable(campaign: Campaign, retrain: bool) -> None:
     """Refuse settings that differ from those the campaign in its run directory was started with (unless only the
     head's differ and ``retrain``): the rule :func:`specprim.train._campaign.run_campaign` applies, here before
     anything loads."""
-    from specprim.train._campaign import CONFIG_NAME, _settings_differ, load_campaign
+    from specprim.train._campaign import CONFIG_NAME, load_campaign, settings_conflict
 
     if not (Path(campaign.run_dir) / CONFIG_NAME).is_file():
         return
-    saved = load_campaign(campaign.run_dir)
-    differ = _settings_differ(saved, campaign)
-    only_head = differ and not _settings_differ(dataclasses.replace(saved, head=campaign.head), campaign)
-    if differ and not (retrain and only_head):
-        hint = "retrain (--retrain) to train the head again on the same data, or use" if only_head else "use"
-        raise UsageError(f"{campaign.run_dir} was started with other settings ({'; '.join(differ)}); {hint} another "
-                         "run directory")
+    conflict = settings_conflict(load_campaign(campaign.run_dir), campaign, retrain)
+    if conflict:
+        raise UsageError(conflict)
 
 
 def run_command(args: argparse.Namespace) -> int:
