@@ -55,13 +55,13 @@ def file_checksum(path: str | os.PathLike[str]) -> Record:
 
 
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_path(path: str | os.PathLike[str], suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside ``path``; once the block has written it, rename it to ``path``. If the block
     raises (or the process dies), ``path`` is untouched and the temporary file is removed (or left under a dot-name
-    ending in ``.partial``, never read)."""
+    ending in ``.partial`` and ``suffix``, for writers that insist on an extension, never read)."""
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
-    staged = final.with_name(f".{final.name}.{os.getpid()}-{secrets.token_hex(4)}.partial")  # not yet created
+    staged = final.with_name(f".{final.name}.{os.getpid()}-{secrets.token_hex(4)}.partial{suffix}")  # not yet created
     try:
         yield staged
         os.replace(staged, final)

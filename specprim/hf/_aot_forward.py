@@ -20,14 +20,15 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import StaticCache
+
+from specprim._integrity import atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -85,8 +86,7 @@ class CachedForward:
         logger.info("compiling the %s into %s (once per machine; minutes on 2 CPU cores)", key["shape"], path.parent)
         with settings():
             program = _export(function, cache, example)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with _temporary_path(path) as partial:
+            with atomic_path(path, suffix=".pt2") as partial:  # the packager takes only names ending in .pt2
                 torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
         path.with_suffix(".json").write_text(json.dumps(key, indent=1, sort_keys=True))
         logger.info("compiled the %s in %.1f s", key["shape"], time.perf_counter() - start)
@@ -157,20 +157,6 @@ def weights_fingerprint(model: torch.nn.Module) -> str:
 
 def _digest(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:32]
-
-
-@contextlib.contextmanager
-def _temporary_path(path: Path) -> Iterator[Path]:
-    """A path beside ``path`` to write to; moved onto ``path`` when the block succeeds, removed when it fails, so a
-    killed process never leaves a half package under the final name."""
-    handle, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".partial.pt2")
-    os.close(handle)
-    partial = Path(name)
-    try:
-        yield partial
-        os.replace(partial, path)
-    finally:
-        partial.unlink(missing_ok=True)
 
 
 def aot_applies(config: Any, *modules: torch.nn.Module) -> bool:
