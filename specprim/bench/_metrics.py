@@ -119,7 +119,10 @@ class MethodSummary:
     ``speedup_prompt_mean`` = arithmetic mean of the per-row speedups. ``tau`` = (accepted + steps) / steps
     over all steps; ``acceptance_by_depth`` from the summed per-depth counts; ``*_ms_per_step`` = total time /
     total steps. ``drafter_params`` / ``drafter_param_bytes``: parameters the method adds to the target (not
-    shared with it). ``peak_extra_bytes``: the largest peak memory of the method's generations minus the
+    shared with it). ``drafter_state_bytes``: the most bytes of state (draft KV cache, predicted features,
+    datastore arrays) the method held after any of its generations, beyond those parameters and the target's
+    storage; ``drafter_memory_bytes`` = ``drafter_param_bytes + drafter_state_bytes``, the drafter's memory
+    overhead. ``peak_extra_bytes``: the largest peak memory of the method's generations minus the
     baseline's. ``identical``: every row equal to the baseline's output (greedy only), with counts of rows
     and of divergence kinds. ``predicted_tau`` / ``predicted_speedup``: the speedup model's prediction for the
     run's own trees (``bench --predict``, see :func:`specprim.bench._predict.predict_method`), else ``None``.
@@ -145,6 +148,8 @@ class MethodSummary:
     tokens_per_forward: float
     drafter_params: int
     drafter_param_bytes: int
+    drafter_state_bytes: int
+    drafter_memory_bytes: int
     peak_memory_bytes: int | None
     peak_extra_bytes: int | None
     identical: bool | None
@@ -166,7 +171,8 @@ class MethodSummary:
 
 
 def summarize(
-    rows: Sequence[PromptRow], baseline_rows: Sequence[PromptRow], *, drafter_params: int, drafter_param_bytes: int
+    rows: Sequence[PromptRow], baseline_rows: Sequence[PromptRow], *, drafter_params: int, drafter_param_bytes: int,
+    drafter_state_bytes: int = 0,
 ) -> MethodSummary:
     """Aggregate one method's ``rows`` (non-empty) against the baseline's rows of the same run."""
     first = rows[0]
@@ -202,6 +208,7 @@ def summarize(
         other_ms_per_step=per_step_ms("other_s"), target_forwards=forwards,
         tokens_per_forward=new_tokens / forwards if forwards else math.nan,
         drafter_params=drafter_params, drafter_param_bytes=drafter_param_bytes,
+        drafter_state_bytes=drafter_state_bytes, drafter_memory_bytes=drafter_param_bytes + drafter_state_bytes,
         peak_memory_bytes=max(peaks) if peaks else None,
         peak_extra_bytes=max(peaks) - max(base_peaks) if peaks and base_peaks else None,
         identical=all(greedy) if greedy else None, identical_rows=sum(greedy) if greedy else None,

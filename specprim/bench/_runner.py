@@ -15,7 +15,7 @@ import torch
 
 from specprim._stats import GenerationStats
 from specprim.bench._divergence import classify_divergence, first_difference
-from specprim.bench._memory import PeakMemory, extra_parameters
+from specprim.bench._memory import PeakMemory, extra_parameters, state_bytes
 from specprim.bench._methods import BASELINE, BenchMethod, Decoding
 from specprim.bench._metrics import MethodSummary, PromptRow, merge_stats, step_fields, summarize
 from specprim.bench._predict import predict_method
@@ -142,10 +142,12 @@ def measure(
             if verifier is not None:
                 verifier.compile_smaller_sizes()
         slots = schedule(len(prompts), list(methods), repeats)
-        outcomes = {}
+        outcomes, held = {}, dict.fromkeys(methods, 0)
         for slot in _progress(slots, progress):
-            outcomes[slot] = answer(methods[slot.method], tokenizer, prompts[slot.prompt], decoding,
+            method = methods[slot.method]
+            outcomes[slot] = answer(method, tokenizer, prompts[slot.prompt], decoding,
                                     seed_for(seed, slot.prompt, slot.repeat), counter, memory)
+            held[slot.method] = max(held[slot.method], drafter_state(method, target))
     finally:
         counter.remove()
     rows = [_row(slot, outcomes, prompts, target, decoding, dataset) for slot in slots]
@@ -154,7 +156,8 @@ def measure(
     for name, method in methods.items():
         extra = extra_parameters(method.draft_modules, target)
         summary = summarize([r for r in rows if r.method == name], baseline_rows,
-                            drafter_params=extra.count, drafter_param_bytes=extra.bytes)
+                            drafter_params=extra.count, drafter_param_bytes=extra.bytes,
+                            drafter_state_bytes=held[name])
         records = [o.stats for s, o in outcomes.items() if s.method == name and o.stats is not None]
         prediction = predict_method(merge_stats(records), costs) if costs is not None and records else None
         if prediction is not None:
@@ -162,6 +165,12 @@ def measure(
                                           predicted_speedup=prediction.speedup)
         summaries.append(summary)
     return rows, summaries
+
+
+def drafter_state(method: BenchMethod, target: torch.nn.Module) -> int:
+    """Bytes of the state ``method`` holds beyond its draft modules' parameters and the target (its drafter's
+    caches, datastore arrays; see :func:`specprim.bench._memory.state_bytes`), measured now, after a generation."""
+    return state_bytes(method, method.draft_modules, target, skip=(getattr(method, "verifier", None),))
 
 
 def _progress(slots: list[Slot], enabled: bool) -> Sequence[Slot]:
