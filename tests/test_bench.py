@@ -120,7 +120,7 @@ def test_run_writes_the_documented_json_and_lossless_greedy_is_identical(target,
         max_new_tokens=12, custom={"broken": broken}, json_path=tmp_path / "out.json", argv=["specprim", "bench"],
     )
     data = json.loads((tmp_path / "out.json").read_text())
-    assert set(data) == {"schema_version", "results", "prompts", "meta"}
+    assert set(data) == {"schema_version", "results", "prompts", "tau_by_context", "meta"}
     assert [r["method"] for r in data["results"]] == ["hf", "prompt-lookup", "hf-prompt-lookup", "broken"]
     for summary in data["results"]:
         assert REQUIRED_SUMMARY <= set(summary)

@@ -65,6 +65,11 @@ def bench_command(args: argparse.Namespace) -> int:
         progress=sys.stderr.isatty(), **run_options(args),
     )
     print(results.markdown())
+    by_context = results.tau_by_context()
+    if by_context:
+        from specprim.bench._context import context_table
+
+        print(f"\ntau by prompt length:\n{context_table(by_context)}")
     print(f"\ncommand: {results.meta['command_line']}")
     return 0
 

@@ -48,13 +48,21 @@ class BenchResults:
         raise KeyError(f"{method!r} was not measured; methods: {[s.method for s in self.results]}")
 
     def to_dict(self) -> dict[str, Any]:
-        """``{"schema_version", "results": [...], "prompts": [...], "meta": {...}}``, strict-JSON safe."""
+        """``{"schema_version", "results": [...], "prompts": [...], "tau_by_context": [...], "meta": {...}}``,
+        strict-JSON safe."""
         return finite({
             "schema_version": SCHEMA_VERSION,
             "results": [s.to_json() for s in self.results],
             "prompts": [r.to_json() for r in self.prompts],
+            "tau_by_context": self.tau_by_context(),
             "meta": dict(self.meta),
         })
+
+    def tau_by_context(self) -> list[dict[str, Any]]:
+        """Tau of each method by prompt-length bucket (see :func:`specprim.bench._context.tau_by_context`)."""
+        from specprim.bench._context import tau_by_context
+
+        return tau_by_context(self.prompts)
 
     def write_json(self, path: str | os.PathLike[str]) -> Path:
         """Write :meth:`to_dict` to ``path`` (parent directories created); return the path."""
