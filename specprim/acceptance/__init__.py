@@ -5,11 +5,17 @@ declares its guarantee in the class attribute ``lossless``.
 """
 
 from specprim.acceptance._base import AcceptanceRule
+from specprim.acceptance._block import BlockVerification
 from specprim.acceptance._greedy import Greedy
 from specprim.acceptance._speculative import SpeculativeSampling
 from specprim.acceptance._typical import TypicalAcceptance
 
-RULES = {"speculative": SpeculativeSampling, "greedy": Greedy, "typical": TypicalAcceptance}
+RULES = {
+    "speculative": SpeculativeSampling,
+    "greedy": Greedy,
+    "typical": TypicalAcceptance,
+    "block": BlockVerification,
+}
 """The rules by the name a command line or a :class:`specprim.recipes.Recipe` gives them."""
 
-__all__ = ["RULES", "AcceptanceRule", "Greedy", "SpeculativeSampling", "TypicalAcceptance"]
+__all__ = ["RULES", "AcceptanceRule", "BlockVerification", "Greedy", "SpeculativeSampling", "TypicalAcceptance"]
