@@ -13,6 +13,7 @@ from specprim import DraftTree, speculative_generate
 from specprim.acceptance import Greedy
 from specprim.drafters import PromptLookup, StaticEagleDraftModel, TreeDrafter
 from specprim.hf import HFTarget, StaticTarget, _aot_forward
+from specprim.models import pack_weights, packing_supported
 from specprim.trees import Chain
 
 LOOKUP = PromptLookup(num_tokens=3, max_matches=1)  # at most 3 nodes: every forward pads to 4 tokens, one package
@@ -114,6 +115,23 @@ def test_a_damaged_package_compiles_afresh_and_other_weights_have_another_key(pa
     with torch.no_grad():
         target.lm_head.weight[0, 0] += 1e-3
     assert _aot_forward.weights_fingerprint(target) != before  # so its packages' keys differ
+
+
+@pytest.mark.skipif(not packing_supported(), reason="this CPU cannot pack bfloat16 weights")
+def test_a_packed_bfloat16_target_verifies_through_a_package_as_the_eager_one(packages):
+    """Packed bfloat16 models (the shipped recipes on a CPU with native bfloat16) are packaged too, compiled under
+    ``no_grad`` as the warm-up compiles them (where AOTInductor's freezing of bfloat16 programs used to fail)."""
+    target = pack_weights(tiny_causal_lm("llama").to(torch.bfloat16))
+    verifier, eager = StaticTarget(target, min_padded=4), StaticTarget(target, compile=False)
+    assert verifier._aot_cached
+    with torch.no_grad():
+        verifier.start(PROMPT)
+        eager.start(PROMPT)
+        logits, _ = verifier.verify(PROMPT[:, -1], TREE)
+        expected, _ = eager.verify(PROMPT[:, -1], TREE)
+    torch.testing.assert_close(logits.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    keys = [json.loads(key.read_text()) for key in _aot_forward.aot_dir().glob("*.json")]
+    assert packages and any(key["dtype"] == "torch.bfloat16" for key in keys)  # the prefill's and the tree's
 
 
 def test_packages_apply_to_windowed_sdpa_on_cpu_unless_switched_off(monkeypatch):

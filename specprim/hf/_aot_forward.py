@@ -86,7 +86,9 @@ class CachedForward:
         logger.info("compiling the %s into %s (once per machine; minutes on 2 CPU cores)", key["shape"], path.parent)
         with settings():
             program = _export(function, cache, example)
-            with atomic_path(path, suffix=".pt2") as partial:  # the packager takes only names ending in .pt2
+            # Compiled with autograd on: under no_grad, freezing a bfloat16 program fails in AOTInductor (torch
+            # 2.13: "Node _tensor_constant1 ... references nonexistent attribute"); the package is the same.
+            with atomic_path(path, suffix=".pt2") as partial, torch.enable_grad():  # the packager takes only .pt2
                 torch._inductor.aoti_compile_and_package(program, package_path=str(partial))
         path.with_suffix(".json").write_text(json.dumps(key, indent=1, sort_keys=True))
         logger.info("compiled the %s in %.1f s", key["shape"], time.perf_counter() - start)
@@ -161,16 +163,15 @@ def _digest(key: dict[str, Any]) -> str:
 
 def aot_applies(config: Any, *modules: torch.nn.Module) -> bool:
     """Whether the compiled static forward of ``modules`` (whose attention reads ``config``) is cached as packages: on
-    CPU, on windowed SDPA (:func:`specprim.hf.windowed_attention`), with plain linears (not int4 or pre-packed
-    bfloat16 ones, which no package has been checked with yet: they keep ``torch.compile``), unless
-    ``SPECPRIM_AOT=0``."""
+    CPU, on windowed SDPA (:func:`specprim.hf.windowed_attention`), with plain or pre-packed bfloat16 linears (traced
+    as plain ones; the package packs them itself), not int4 ones (which no package has been checked with yet: they
+    keep ``torch.compile``), unless ``SPECPRIM_AOT=0``."""
     from specprim.hf._windowed_attention import attends_windowed
-    from specprim.models._pack import PackedLinear
     from specprim.models._quantize import Int4Linear
 
     parts = [part for module in modules for part in module.modules()]
     on_cpu = all(parameter.device.type == "cpu" for module in modules for parameter in module.parameters())
-    special = any(isinstance(part, (Int4Linear, PackedLinear)) for part in parts)
+    special = any(isinstance(part, Int4Linear) for part in parts)
     return aot_enabled() and on_cpu and attends_windowed(config) and not special
 
 
