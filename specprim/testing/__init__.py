@@ -1,7 +1,8 @@
 """Public testing utilities: honest draft-tree samplers, Monte-Carlo losslessness checks for acceptance
 rules, a toy draft model for tree builders (``TableDraftModel``), and hypothesis strategies
 (``distributions``, ``trees``, ``chains``; importing them needs the ``hypothesis`` package, the rest needs
-``scipy`` only when comparing distributions).
+``scipy`` only when comparing distributions), and an optimality oracle, ``optimal_chain_acceptance``: the most
+draft tokens any lossless rule can accept from a chain on a toy table (a linear program, needs ``scipy``).
 
 Typical use on your own rule::
 
@@ -28,6 +29,7 @@ from specprim.testing._lossless import (
     emitted_token_distribution,
     sample_emitted_tokens,
 )
+from specprim.testing._optimal import optimal_chain_acceptance
 from specprim.testing._tree_models import TableDraftModel
 
 _STRATEGIES = ("chains", "distributions", "trees")
@@ -48,6 +50,7 @@ __all__ = [
     "emitted_sequence",
     "emitted_token_distribution",
     "exact_two_token_distribution",
+    "optimal_chain_acceptance",
     "sample_emitted_tokens",
     "trees",
     "two_token_chi_square",
