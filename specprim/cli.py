@@ -1,4 +1,8 @@
-"""The ``specprim`` command line."""
+"""The ``specprim`` command line.
+
+Building the parser imports neither torch nor transformers, and each command checks its options before it imports
+them: a usage error, a model name that no loader can find included, exits at once.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,21 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-import torch
-
-from specprim import models, presets, recipes
+from specprim import models, recipes
+from specprim._lazy import lazy_imports
+from specprim._names import AUTO, METHODS, is_name
 from specprim._usage import UsageError, as_usage_error, check_decoding, check_file, check_model
 from specprim.bench import add_bench_parser
-from specprim.drafters import Datastore
-from specprim.hf import QUERY_BUCKETS, chat_input_ids
 from specprim.speedup._cli import add_tune_parser
 from specprim.train._campaign_cli import add_campaign_parser
 from specprim.train._cli import add_train_parser
 
-AUTO = "auto"
+if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py), after the command's checks
+    import torch
+
+    from specprim.hf import chat_input_ids  # noqa: F401 - still importable from here
 
 
 def _timed(fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, float]:
@@ -58,13 +63,17 @@ def _check_generate(args: argparse.Namespace) -> None:
 
 
 def generate_command(args: argparse.Namespace) -> int:
-    torch.manual_seed(args.seed)
     _check_generate(args)
+    import torch
+
+    from specprim.hf import QUERY_BUCKETS, chat_input_ids
+
+    torch.manual_seed(args.seed)
     recipe, choice = _recipe(args)
-    if choice is not None:
-        print(f"auto: {choice.reason}\nrecipe: {recipe}", file=sys.stderr)
     model, tokenizer = recipes.load_target(recipe, args.target)
     draft = recipes.load_draft(recipe, tokenizer)
+    if choice is not None:  # once the models loaded: a model that fails to load says so once, in the error line
+        print(f"auto: {choice.reason}\nrecipe: {recipe}", file=sys.stderr)
     ids = chat_input_ids(tokenizer, args.prompt)
     start = time.perf_counter()
     built = recipe.build(model, tokenizer, draft=draft,
@@ -116,6 +125,8 @@ def datastore_command(args: argparse.Namespace) -> int:
     if not Path(args.out).resolve().parent.is_dir():
         raise UsageError(f"--out {args.out}: the directory {Path(args.out).resolve().parent} does not exist")
     check_model("--target", args.target)
+    from specprim.drafters import Datastore
+
     texts = [text for path in args.inputs for text in models.read_texts(path)]
     tokenizer = models.load_tokenizer(args.target)
     store = Datastore.from_texts(texts, tokenizer, max_ngram=args.max_ngram, min_ngram=args.min_ngram)
@@ -125,27 +136,41 @@ def datastore_command(args: argparse.Namespace) -> int:
 
 
 def _method_name(name: str) -> str:
-    if name != AUTO and not presets.is_name(name):
-        raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(presets.NAMES)} or join "
+    if name != AUTO and not is_name(name):
+        raise argparse.ArgumentTypeError(f"unknown method {name!r}; choose from {', '.join(METHODS)} or join "
                                          "several with '+'")
     return name
 
 
+def _generate_epilog() -> str:
+    return (f"shipped heads: {', '.join(models.known_heads()) or 'none'}. shipped recipes: "
+            f"{', '.join(recipes.shipped_recipes()) or 'none'}. See docs/recipes.md.")
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose ``epilog`` may be a function, called only to show the help (it may import what
+    it lists)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specprim", description="Speculative decoding primitives.")
+    parser = _Parser(prog="specprim", description="Speculative decoding primitives.")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of a failure (accepted anywhere on the command line)")
     commands = parser.add_subparsers(dest="command", required=True)
     gen = commands.add_parser(
         "generate", help="speculative generation; prints the text, tau and the speedup over plain decoding",
-        epilog=f"shipped heads: {', '.join(models.known_heads()) or 'none'}. shipped recipes: "
-               f"{', '.join(recipes.shipped_recipes()) or 'none'}. See docs/recipes.md.",
+        epilog=_generate_epilog,
     )
     gen.add_argument("--target", default="smollm2-135m-instruct",
                      help=f"target model: one of {sorted(models.KNOWN_MODELS)}, a local path or a hub id")
     gen.add_argument("--method", type=_method_name, default=AUTO,
                      help=f"auto (default: the recipe tuned for the target, else prompt lookup), one of "
-                          f"{', '.join(presets.NAMES)}, or several joined by '+' (drafting together)")
+                          f"{', '.join(METHODS)}, or several joined by '+' (drafting together)")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--max-new-tokens", type=int, default=128)
     gen.add_argument("--temperature", type=float, default=0.0)
@@ -200,8 +225,8 @@ def _show_progress() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run a command; return its exit status. 0: done. 2: a usage error (an option out of range, a file that is
-    not there, options that contradict each other), found before anything loads and printed as one line,
+    """Run a command; return its exit status. 0: done. 2: a usage error (an option out of range, a file or a model
+    that is not there, options that contradict each other), found before anything loads and printed as one line,
     ``specprim COMMAND: error: ...``. 1: a failure after that, printed as one line too. 130: an interrupt.
     ``--debug`` anywhere on the line lets the traceback of an error through instead."""
     words = list(sys.argv[1:] if argv is None else argv)
@@ -238,6 +263,8 @@ def _one_line(error: Exception) -> str:
         return message
     return f"{type(error).__name__}: {message}" if message else type(error).__name__
 
+
+__getattr__, __dir__ = lazy_imports(__name__)
 
 if __name__ == "__main__":
     sys.exit(main())

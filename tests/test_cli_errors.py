@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 import time
 
 import pytest
@@ -46,26 +49,68 @@ def test_an_interrupt_returns_130(monkeypatch, capsys):
 
 
 def test_an_unknown_model_without_network_fails_at_once_naming_the_known_models(monkeypatch, capsys):
-    from specprim.models import _load
+    from specprim.models import _hub, _load
 
-    monkeypatch.setattr(_load, "hub_reachable", lambda: False)
+    monkeypatch.setattr(_hub, "hub_reachable", lambda: False)
     with pytest.raises(OSError, match=r"not a known model name \(smollm2-135m-instruct.*hub cannot be reached"):
         _load.load("does-not-exist")
-    assert cli.main(["generate", "--target", "does-not-exist", "--method", "prompt-lookup", "--prompt", "hi"]) == 1
-    assert "specprim generate: error: Cannot load 'does-not-exist'" in capsys.readouterr().err
+    assert cli.main(["generate", "--target", "does-not-exist", "--method", "prompt-lookup", "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err == (
+        "specprim generate: error: --target does-not-exist: not a known model (smollm2-135m-instruct, "
+        "qwen2.5-coder-1.5b-instruct, qwen2.5-coder-0.5b-instruct), a local directory or a model in the Hugging Face "
+        "cache, and the hub cannot be reached to look it up (no network, or HF_HUB_OFFLINE=1)\n")
+
+
+def test_a_hub_id_passes_the_check_when_cached_or_when_the_hub_answers(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    from specprim._usage import check_model
+    from specprim.models import _hub
+
+    snapshot = tmp_path / "models--org--tiny" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "models--org--tiny" / "refs" / "main").write_text("abc")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(_hub, "hub_reachable", lambda: False)
+    check_model("--target", "org/tiny")  # in the Hugging Face cache: from_pretrained reads it offline
+    check_model("--target", str(tmp_path))  # a local directory
+    check_model("--target", "qwen2.5-coder-0.5b-instruct")  # a known name
+    with pytest.raises(UsageError, match="--draft org/other: not a known model"):
+        check_model("--draft", "org/other")
+    monkeypatch.setattr(_hub, "hub_reachable", lambda: True)
+    check_model("--draft", "org/other")  # loading says whether the hub has it
+
+
+def test_a_model_that_passes_the_check_but_fails_to_load_returns_1_in_one_line(monkeypatch, capsys):
+    """A name that can be a hub id but does not load is a failure (1), not a usage error; ``auto`` says what it
+    chose only once the models loaded, so the error is the only line."""
+    from specprim import recipes
+    from specprim.models import _hub
+
+    def fail(recipe, target):
+        raise OSError(f"Cannot load {target!r}: not on the hub")
+
+    monkeypatch.setattr(_hub, "hub_reachable", lambda: True)
+    monkeypatch.setattr(recipes, "auto", lambda *a, **k: recipes.Choice(recipes.Recipe(), None, "measured"))
+    monkeypatch.setattr(recipes, "load_target", fail)
+    assert cli.main(["generate", "--target", "org/missing", "--prompt", "hi"]) == 1
+    assert capsys.readouterr().err == ("specprim generate: error: Cannot load 'org/missing': not on the hub "
+                                       "(--debug shows the traceback)\n")
 
 
 def test_the_hub_probe_answers_offline_under_hf_hub_offline(monkeypatch):
     from huggingface_hub import constants
 
-    from specprim.models import _load
+    from specprim.models import _hub
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
-    _load.hub_reachable.cache_clear()
+    _hub.hub_reachable.cache_clear()
     try:
-        assert _load.hub_reachable() is False
+        assert _hub.hub_reachable() is False
     finally:
-        _load.hub_reachable.cache_clear()
+        _hub.hub_reachable.cache_clear()
 
 
 def test_a_usage_error_prints_one_line_and_returns_2(monkeypatch, capsys):
@@ -194,3 +239,51 @@ def test_usage_errors_exit_2_at_once_before_anything_loads(argv, message, nothin
     assert len(err.splitlines()) == 1 and err.startswith(f"specprim {command}: error: "), err
     assert re.search(message, err), err
     assert seconds < 1.0
+
+
+_RUN_AND_LIST_HEAVY_MODULES = """
+import sys
+from specprim.cli import main
+status = main()
+print(*sorted(name for name in ("torch", "transformers") if name in sys.modules))
+sys.exit(status)
+"""
+
+
+UNKNOWN_MODEL = r"--target does-not-exist: not a known model \(smollm2-135m-instruct, .*HF_HUB_OFFLINE=1\)$"
+BEFORE_TORCH = [
+    (["generate", "--target", "does-not-exist", "--prompt", "hi"], UNKNOWN_MODEL),
+    (["generate", "--temperature", "-1", "--prompt", "hi"], r"--temperature must be >= 0, got -1.0$"),
+    (["generate", "--method", "leviathan", "--draft", "does-not-exist", "--prompt", "hi"],
+     r"--draft does-not-exist: not a known model"),
+    (["datastore", __file__, "--out", "d.npz", "--target", "does-not-exist"], UNKNOWN_MODEL),
+    (BENCH[:1] + BENCH[3:] + ["--target", "does-not-exist", "--method", "prompt-lookup"], UNKNOWN_MODEL),
+    (BENCH + ["--method", "nope"], "unknown method 'nope'"),
+    (TUNE + ["--target", "does-not-exist"], UNKNOWN_MODEL),
+    (["train", "eagle3", "--out", "t", "--target", "does-not-exist"], UNKNOWN_MODEL),
+    (["campaign", "run", "run", "--target", "does-not-exist"], UNKNOWN_MODEL),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BEFORE_TORCH, ids=[" ".join(a) for a, _ in BEFORE_TORCH])
+def test_usage_errors_exit_2_in_one_line_before_torch_is_imported(argv, message, tmp_path):
+    """The real command line, in a fresh process: exit status 2, one line on stderr, and neither torch nor
+    transformers imported (the checks run before them, which is what makes the error come at once)."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", _RUN_AND_LIST_HEAVY_MODULES, *argv], capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    command = " ".join(argv[:2] if argv[0] == "campaign" else argv[:1])
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"specprim {command}: error: "), done.stderr
+    assert re.search(message, lines[0]), lines[0]
+    assert done.stdout.strip() == "", f"imported before the check: {done.stdout}"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_command_line_s_names_agree_with_the_modules_that_use_them():
+    from specprim import _names, bench, models, presets
+
+    assert tuple(presets._BY_NAME) == presets.NAMES == _names.METHODS
+    assert bench.method_names() == _names.BENCH_BASELINES + _names.METHODS
+    assert set(models.QUANTIZE_SCHEMES) == set(_names.QUANTIZE_SCHEMES)

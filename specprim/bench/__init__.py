@@ -6,38 +6,43 @@ one-axis-at-a-time ablation grid resumably; ``record_greedy`` / ``replay`` re-sc
 greedy target choices. The metrics are defined in ``docs/bench.md``.
 """
 
-from specprim.bench._cells import MODES, BenchCellRunner
-from specprim.bench._cli import add_bench_parser
-from specprim.bench._datasets import DATASETS, DatasetFetchError, load_dataset
-from specprim.bench._divergence import Divergence, classify_divergence, first_difference, relative_tolerance
-from specprim.bench._grid import GridCell, grid_cells, load_grid, run_grid
-from specprim.bench._methods import (
-    ACCEPTANCE,
-    BenchMethod,
-    Decoding,
-    Generation,
-    HFGenerate,
-    MethodContext,
-    SpecprimGenerate,
-    build_method,
-    method_names,
-)
-from specprim.bench._metrics import MethodSummary, PromptRow
-from specprim.bench._plots import write_plots
-from specprim.bench._prompts import Prompt, conversation_ids, parse_prompt, read_prompts
-from specprim.bench._replay import (
-    Recording,
-    ReplayOutput,
-    greedy_continuation,
-    record_greedy,
-    record_prompts,
-    replay,
-    replay_all,
-)
-from specprim.bench._report import grid_table, markdown_table
-from specprim.bench._results import BenchResults
-from specprim.bench._run import run
-from specprim.bench._runner import measure, schedule
+from typing import TYPE_CHECKING
+
+from specprim._lazy import lazy_imports
+
+if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
+    from specprim.bench._cells import MODES, BenchCellRunner
+    from specprim.bench._cli import add_bench_parser
+    from specprim.bench._datasets import DATASETS, DatasetFetchError, load_dataset
+    from specprim.bench._divergence import Divergence, classify_divergence, first_difference, relative_tolerance
+    from specprim.bench._grid import GridCell, grid_cells, load_grid, run_grid
+    from specprim.bench._methods import (
+        ACCEPTANCE,
+        BenchMethod,
+        Decoding,
+        Generation,
+        HFGenerate,
+        MethodContext,
+        SpecprimGenerate,
+        build_method,
+        method_names,
+    )
+    from specprim.bench._metrics import MethodSummary, PromptRow
+    from specprim.bench._plots import write_plots
+    from specprim.bench._prompts import Prompt, conversation_ids, parse_prompt, read_prompts
+    from specprim.bench._replay import (
+        Recording,
+        ReplayOutput,
+        greedy_continuation,
+        record_greedy,
+        record_prompts,
+        replay,
+        replay_all,
+    )
+    from specprim.bench._report import grid_table, markdown_table
+    from specprim.bench._results import BenchResults
+    from specprim.bench._run import run
+    from specprim.bench._runner import measure, schedule
 
 __all__ = [
     "ACCEPTANCE",
@@ -61,3 +66,5 @@ __all__ = [
     "run",
     "run_grid",
 ]
+
+__getattr__, __dir__ = lazy_imports(__name__)

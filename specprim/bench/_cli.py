@@ -7,20 +7,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from specprim import presets
+from specprim._names import AUTO, BENCH_BASELINES, METHODS, drafts_with_a_draft_model, is_name, uses_datastore
 from specprim._usage import UsageError, as_usage_error, at_least, check_decoding, check_file, check_model
 from specprim.bench._datasets import DATASETS
-from specprim.bench._run import AUTO, run
-from specprim.recipes import add_recipe_arguments, auto, check_recipe_sources, given_fields, load_recipe
-from specprim.trees import parse_tree
+from specprim.recipes import add_recipe_arguments, check_recipe_sources, given_fields
 
 _REQUIRED = ("target", "method", "max_new_tokens")
 
 
 def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``bench`` sub-command to ``specprim``'s sub-parsers and return its parser."""
-    from specprim.bench._methods import method_names
-
     bench = commands.add_parser(
         "bench", help="benchmark methods side by side with model.generate (Spec-Bench style)",
         description="Time every method against plain model.generate on the same prompts, interleaved, and print "
@@ -28,7 +24,8 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     )
     bench.add_argument("--target", help="target model: a known name, a local path or a hub id")
     bench.add_argument("--method", action="append",
-                       help=f"repeatable; 'auto' (the recipe tuned for the target) or one of {list(method_names())}")
+                       help=f"repeatable; 'auto' (the recipe tuned for the target) or one of "
+                            f"{list(BENCH_BASELINES + METHODS)}")
     source = bench.add_mutually_exclusive_group()
     source.add_argument("--dataset", choices=sorted(DATASETS), help="a built-in dataset (fetched once, cached)")
     source.add_argument("--prompts", type=Path, help='a JSONL file of {"prompt": ...} or {"turns": [...]} records')
@@ -57,6 +54,8 @@ def bench_command(args: argparse.Namespace) -> int:
     if args.method is None and hasattr(args, "recipe"):
         args.method = []  # the recipe is the method
     check_bench(args)
+    from specprim.bench._run import run
+
     results = run(
         target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
         num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
@@ -77,8 +76,6 @@ def bench_command(args: argparse.Namespace) -> int:
 def check_bench(args: argparse.Namespace) -> None:
     """Refuse (``UsageError``), before anything loads, the options of a ``bench`` run that cannot work: missing or
     out of range, a method or file that is not there, options no method uses (which :func:`run` refuses too)."""
-    from specprim.bench._methods import method_names
-
     missing = [f"--{name.replace('_', '-')}" for name in _REQUIRED if getattr(args, name) is None]
     if args.dataset is None and args.prompts is None:
         missing.append("--dataset or --prompts")
@@ -91,10 +88,10 @@ def check_bench(args: argparse.Namespace) -> None:
         at_least(f"--{option.replace('_', '-')}", getattr(args, option), least)
     check_file("--prompts", args.prompts)
     check_model("--target", args.target)
-    unknown = [m for m in args.method if m != AUTO and m not in method_names() and not presets.is_name(m)]
+    unknown = [m for m in args.method if m != AUTO and m not in BENCH_BASELINES and not is_name(m)]
     if unknown:
-        raise UsageError(f"unknown method {unknown[0]!r}; choose from 'auto', {', '.join(method_names())} or "
-                         "presets joined by '+'")
+        raise UsageError(f"unknown method {unknown[0]!r}; choose from 'auto', {', '.join(BENCH_BASELINES + METHODS)} "
+                         "or presets joined by '+'")
     fields = given_fields(args)
     check_recipe_sources(fields)
     if fields.get("verifier") == "static":
@@ -104,15 +101,19 @@ def check_bench(args: argparse.Namespace) -> None:
     if fields.get("pack") and fields.get("compile"):
         raise UsageError("--pack and --compile exclude each other: compiling with freezing packs the weights itself")
     if "tree" in fields:
+        from specprim.trees import parse_tree
+
         with as_usage_error():
             parse_tree(fields["tree"])
     for field, option, applies, needs in (
-            ("draft_vocab", "--draft-vocab", presets.drafts_with_a_draft_model, "a leviathan method"),
+            ("draft_vocab", "--draft-vocab", drafts_with_a_draft_model, "a leviathan method"),
             ("max_nodes", "--max-nodes", lambda m: "+" in m, "a union (methods joined by '+')"),
-            ("datastores", "--datastore", presets.uses_datastore, "a method with a datastore part")):
+            ("datastores", "--datastore", uses_datastore, "a method with a datastore part")):
         if field in fields and not any(map(applies, args.method)):
             raise UsageError(f"{option} applies to {needs}; no method is one")
     if hasattr(args, "recipe"):
+        from specprim.recipes import load_recipe
+
         with as_usage_error():
             check_recipe_sources(load_recipe(args.recipe).changes())
 
@@ -122,6 +123,8 @@ def run_options(args: argparse.Namespace) -> dict[str, Any]:
     the run's loading, verifying and drafting options, and ``recipes`` for ``--recipe NAME|FILE``. Without
     ``--dtype``, a run with ``auto`` or ``--recipe`` loads the target in that recipe's dtype (``auto`` measures an
     unknown target once per machine to choose its recipe). :func:`check_bench` first."""
+    from specprim.recipes import auto, load_recipe
+
     fields = given_fields(args)
     verifier = fields.pop("verifier", "eager")
     options: dict[str, Any] = {"static_verify": verifier == "compiled", "recipes": {}}

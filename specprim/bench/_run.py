@@ -12,6 +12,7 @@ import torch
 
 from specprim import models, presets
 from specprim._loop import check_decodes
+from specprim._names import AUTO
 from specprim.bench._datasets import load_dataset
 from specprim.bench._env import environment, load_average
 from specprim.bench._memory import PeakMemory
@@ -29,7 +30,6 @@ from specprim.recipes import Recipe, auto
 from specprim.sampling import SamplingConfig
 from specprim.speedup import CostModel, measure_verify_costs
 
-AUTO = "auto"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Model = torch.nn.Module
 

@@ -7,23 +7,34 @@ pre-pack bfloat16 linears for oneDNN on CPU (same numbers, faster kernels); ``lo
 :func:`compile_forward` run a ``torch.compile``d forward. See ``docs/models.md``.
 """
 
-from specprim.models._compile import compile_forward, eager_forward, is_compiled
-from specprim.models._datastores import datastore_path, known_datastores, load_datastore, read_texts
-from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
-from specprim.models._heads import head_info, head_path, known_heads, load_head, shipped_head
-from specprim.models._load import (
-    cache_dir,
-    ensure_cached,
-    gguf_path,
-    known_name,
-    load,
-    load_config,
-    load_tokenizer,
-)
-from specprim.models._pack import PackedLinear, is_packed, pack_like, pack_weights, packing_supported, stock_kernels
-from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
-from specprim.models._quantize import Int4Linear, Int8Linear, quantize_weights
-from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart
+from typing import TYPE_CHECKING
+
+from specprim._lazy import lazy_imports
+
+if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
+    from specprim.models._compile import compile_forward, eager_forward, is_compiled
+    from specprim.models._datastores import datastore_path, known_datastores, load_datastore, read_texts
+    from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf
+    from specprim.models._heads import head_info, head_path, known_heads, load_head, shipped_head
+    from specprim.models._load import (
+        ensure_cached,
+        gguf_path,
+        known_name,
+        load,
+        load_config,
+        load_tokenizer,
+    )
+    from specprim.models._pack import (
+        PackedLinear,
+        is_packed,
+        pack_like,
+        pack_weights,
+        packing_supported,
+        stock_kernels,
+    )
+    from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
+    from specprim.models._quantize import Int4Linear, Int8Linear, quantize_weights
+    from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart, cache_dir
 
 __all__ = [
     "KNOWN_MODELS",
@@ -51,3 +62,5 @@ __all__ = [
     "read_texts",
     "shipped_head",
 ]
+
+__getattr__, __dir__ = lazy_imports(__name__)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from specprim._integrity import DamagedFileError
-from specprim.models._load import cache_dir
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +105,7 @@ def _load_built(name: str, tokenizer: Any, datastore_class: Any, **kwargs: Any) 
 def _built_path(name: str, tokenizer: Any, datastore_class: Any) -> Path:
     """The cached ``.npz`` of built datastore ``name`` for ``tokenizer``, built first if missing."""
     from specprim.drafters import tokenizer_fingerprint
+    from specprim.models._registry import cache_dir
 
     path = cache_dir() / "datastores" / f"{name}-{tokenizer_fingerprint(tokenizer)}.npz"
     if not path.is_file():

@@ -11,8 +11,6 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
-import gguf
-
 from specprim.models._registry import EmbeddedModel, WheelPart
 
 logger = logging.getLogger(__name__)
@@ -118,6 +116,8 @@ def check_gguf(path: Path) -> None:
             f"{path} is not a GGUF file: it starts with {magic!r}, not {GGUF_MAGIC!r} "
             "(wrong chunk order or a corrupt download)."
         )
+    import gguf  # numpy and more: imported when a file is checked
+
     size = path.stat().st_size
     try:
         reader = gguf.GGUFReader(path)

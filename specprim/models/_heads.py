@@ -17,8 +17,6 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
-from specprim.models._pack import pack_like
-
 __all__ = ["HEADS_DIR", "head_info", "head_path", "known_heads", "load_head", "shipped_head"]
 
 HEADS_DIR = Path(__file__).parent / "heads"
@@ -73,6 +71,7 @@ def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     """
     from specprim.drafters import EagleHead, MedusaHeads, MTPHead
     from specprim.drafters._checkpoint import read_head_config
+    from specprim.models._pack import pack_like
 
     directory = head_path(name_or_path)
     kind = read_head_config(directory).get("head")

@@ -4,16 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import logging
 import os
 import pickle
 import shutil
-import socket
 import tempfile
 import time
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,25 +26,15 @@ from transformers import (
 )
 
 from specprim._integrity import DamagedFileError, UnsafeFileError, check_directory, file_checksum, write_checksums
-from specprim.models import _fetch
+from specprim.models import _fetch, _hub
 from specprim.models._compile import compile_forward
 from specprim.models._pack import pack_weights
 from specprim.models._quantize import SCHEMES, quantize_weights
-from specprim.models._registry import KNOWN_MODELS, EmbeddedModel
+from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, cache_dir
 
 logger = logging.getLogger(__name__)
 
-CACHE_ENV = "SPECPRIM_CACHE"
 SOURCE_FILE = "specprim_source.json"
-
-
-def cache_dir() -> Path:
-    """The directory holding converted embedded models: ``$SPECPRIM_CACHE``, else ``~/.cache/specprim``.
-
-    Read from the environment on every call; the directory is created only when a model is converted.
-    """
-    override = os.environ.get(CACHE_ENV)
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "specprim"
 
 
 def known_name(model: Any) -> str | None:
@@ -219,7 +206,7 @@ def _load_errors(source: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     network), and turn a failed load of a source that is not a local path into an ``OSError`` naming the known
     models."""
     local = Path(source).exists()
-    offline = not local and not hub_reachable()
+    offline = not local and not _hub.hub_reachable()
     try:
         yield {"trust_remote_code": False, **({"local_files_only": True} if offline else {})}
     except pickle.UnpicklingError as err:
@@ -247,22 +234,6 @@ def _not_loadable(source: str | os.PathLike[str], offline: bool, err: Exception)
         f"Cannot load {str(source)!r}: it is not a known model name ({', '.join(KNOWN_MODELS)}), "
         f"not an existing local directory, and {how}"
     )
-
-
-@functools.cache
-def hub_reachable(timeout_s: float = 1.5) -> bool:
-    """Whether the Hugging Face hub's host accepts a connection within ``timeout_s`` (asked once per process;
-    ``False`` under ``HF_HUB_OFFLINE``)."""
-    from huggingface_hub import constants
-
-    if constants.HF_HUB_OFFLINE:
-        return False
-    endpoint = urllib.parse.urlparse(constants.ENDPOINT)
-    try:
-        socket.create_connection((endpoint.hostname, endpoint.port or 443), timeout=timeout_s).close()
-    except OSError:
-        return False
-    return True
 
 
 def ensure_cached(model: EmbeddedModel, dtype: torch.dtype | str = torch.float32) -> Path:

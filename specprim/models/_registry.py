@@ -1,10 +1,24 @@
-"""The embedded default models, described as data: which wheels hold which GGUF bytes."""
+"""The embedded default models, described as data: which wheels hold which GGUF bytes; and the cache directory
+they are converted into."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
+from pathlib import Path
 from types import MappingProxyType
+
+CACHE_ENV = "SPECPRIM_CACHE"
+
+
+def cache_dir() -> Path:
+    """The directory holding converted embedded models: ``$SPECPRIM_CACHE``, else ``~/.cache/specprim``.
+
+    Read from the environment on every call; the directory is created only when a model is converted.
+    """
+    override = os.environ.get(CACHE_ENV)
+    return Path(override).expanduser() if override else Path.home() / ".cache" / "specprim"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -10,13 +10,24 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from specprim import models
+from specprim._names import DTYPES, QUANTIZE_SCHEMES, TREE_SPEC_HELP, VERIFIERS
 from specprim._usage import as_usage_error, check_model
-from specprim.acceptance import RULES
-from specprim.recipes._recipe import DTYPES, QUANTIZE_SCHEMES, VERIFIERS, Recipe
-from specprim.trees import SPEC_HELP
+
+if TYPE_CHECKING:
+    from specprim.recipes._recipe import Recipe
+
+
+def _acceptance_rule(name: str) -> str:
+    """``--acceptance``: a name of :data:`specprim.acceptance.RULES` (imported only when the option is given)."""
+    from specprim.acceptance import RULES
+
+    if name not in RULES:
+        raise argparse.ArgumentTypeError(f"unknown rule {name!r}; choose from {', '.join(RULES)}")
+    return name
+
 
 # option -> (Recipe field, argparse keyword arguments)
 _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -45,13 +56,13 @@ _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
                                  "default: the one shipped for the target")),
     "--exit-layer": ("exit_layer", dict(type=int, help="exit layer for early-exit (default: half the layers)")),
     "--num-draft": ("num_draft", dict(type=int, help="draft tokens per step (default: the preset's)")),
-    "--tree": ("tree", dict(help=f"replace the presets' tree shape: {SPEC_HELP} (see specprim tune)")),
+    "--tree": ("tree", dict(help=f"replace the presets' tree shape: {TREE_SPEC_HELP} (see specprim tune)")),
     "--max-nodes": ("max_nodes", dict(type=int, help="cap a union's merged tree (methods joined by '+')")),
     "--datastore": ("datastores", dict(action="append",
                                        help="the corpus of a datastore part (repeatable): a shipped name "
                                             "(smollm2-135m-instruct-answers; sharegpt, built on first use) or a "
                                             "file written by Datastore.save")),
-    "--acceptance": ("acceptance", dict(choices=tuple(RULES),
+    "--acceptance": ("acceptance", dict(type=_acceptance_rule,
                                         help="acceptance rule: speculative (default), greedy, typical (lossy)")),
     "--warmup-tokens": ("warmup_tokens", dict(type=int, help="tokens generated before timing (compiles first)")),
 }
@@ -110,6 +121,8 @@ def _untyped_conflicts(base: Recipe, fields: dict[str, Any]) -> dict[str, Any]:
     """Base fields that only made sense with a value the user replaced, reset to their defaults unless the user
     typed them too: ``--verifier eager`` drops the static verifier's ``min_padded``, a dtype other than bfloat16
     drops ``pack``, and a method without a union or a datastore drops ``max_nodes`` or ``datastores``."""
+    from specprim.recipes._recipe import Recipe
+
     verifier = fields.get("verifier", base.verifier)
     parts = fields.get("method", base.method).split("+")
     resets = {"min_padded": verifier == "eager", "pack": fields.get("dtype", base.dtype) != "bfloat16",

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specprim import models, presets
+from specprim._names import DTYPES, QUANTIZE_SCHEMES, VERIFIERS
 from specprim.acceptance import RULES
 from specprim.drafters import static_drafting
 from specprim.hf import StaticTarget
@@ -28,10 +29,6 @@ if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
-
-DTYPES = ("float32", "bfloat16", "float16")
-QUANTIZE_SCHEMES = ("int8", "int4", "int8-all", "int4-all")
-VERIFIERS = ("eager", "static", "compiled")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from specprim._names import METHODS, is_name
 from specprim._usage import as_usage_error, at_least, check_model
 from specprim.recipes import add_recipe_arguments, check_recipe_sources, given_fields, recipe_from_args
 from specprim.speedup._union import LOOKUP_LENGTHS
@@ -19,18 +20,14 @@ TUNED_HERE = ("--max-nodes", "--tree", "--num-draft")
 
 
 def _tree_presets() -> str:
-    from specprim import presets
-
-    return ", ".join(n for n in presets.NAMES if n != LOOKUP)
+    return ", ".join(n for n in METHODS if n != LOOKUP)
 
 
 def _tunable_method(name: str) -> str:
     """A preset with a tree shape, alone or joined with prompt lookup (``eagle3+prompt-lookup``)."""
-    from specprim import presets
-
     parts = name.split("+")
     tree_parts = [p for p in parts if p != LOOKUP]
-    if not presets.is_name(name) or len(tree_parts) != 1 or len(parts) > 2:
+    if not is_name(name) or len(tree_parts) != 1 or len(parts) > 2:
         raise argparse.ArgumentTypeError(
             f"{name!r}: tune takes one of {_tree_presets()}, "
             f"optionally joined with {LOOKUP} (e.g. 'eagle3+{LOOKUP}')")
@@ -77,6 +74,7 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
 
 
 def tune_command(args: argparse.Namespace) -> int:
+    check_tune(args)
     from specprim import presets
     from specprim.bench._datasets import load_dataset
     from specprim.bench._prompts import conversation_ids
@@ -85,7 +83,6 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.speedup._tune import tune
     from specprim.speedup._union import tune_lookup
 
-    check_tune(args)
     with as_usage_error():
         tuned_recipe, recipe = _recipes(args)
     check_recipe_sources(tuned_recipe.changes())

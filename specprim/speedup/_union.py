@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-
-import torch
+from typing import TYPE_CHECKING
 
 from specprim._stats import GenerationStats
-from specprim.speedup._costs import CostModel
+
+if TYPE_CHECKING:
+    import torch
+
+    from specprim.speedup._costs import CostModel
 
 LOOKUP_LENGTHS = (0, 2, 3, 4, 6, 8)
 """Prompt-lookup lengths tried by default (0: no lookup part)."""

@@ -7,22 +7,27 @@ Pipeline: conversations (:func:`load_conversations`, ShareGPT built in) -> optio
 train`` command runs all of it. See ``docs/train.md``.
 """
 
-from specprim.train._data import (
-    Example,
-    load_conversations,
-    read_jsonl_conversations,
-    render,
-    render_all,
-    sharegpt_conversations,
-)
-from specprim.train._distill import self_distill
-from specprim.train._features import FeatureBatch, FeatureDataset, build_feature_cache
-from specprim.train._lm import DistillObjective
-from specprim.train._losses import greedy_accuracy, soft_cross_entropy
-from specprim.train._medusa import MedusaObjective
-from specprim.train._objective import EagleObjective, MTPObjective, Objective, ObjectiveOutput, unrolled_mask
-from specprim.train._pipeline import KINDS, DataConfig, train_drafter
-from specprim.train._trainer import TrainConfig, train
+from typing import TYPE_CHECKING
+
+from specprim._lazy import lazy_imports
+
+if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
+    from specprim.train._data import (
+        Example,
+        load_conversations,
+        read_jsonl_conversations,
+        render,
+        render_all,
+        sharegpt_conversations,
+    )
+    from specprim.train._distill import self_distill
+    from specprim.train._features import FeatureBatch, FeatureDataset, build_feature_cache
+    from specprim.train._lm import DistillObjective
+    from specprim.train._losses import greedy_accuracy, soft_cross_entropy
+    from specprim.train._medusa import MedusaObjective
+    from specprim.train._objective import EagleObjective, MTPObjective, Objective, ObjectiveOutput, unrolled_mask
+    from specprim.train._pipeline import KINDS, DataConfig, train_drafter
+    from specprim.train._trainer import TrainConfig, train
 
 __all__ = [
     "KINDS",
@@ -46,3 +51,5 @@ __all__ = [
     "train_drafter",
     "unrolled_mask",
 ]
+
+__getattr__, __dir__ = lazy_imports(__name__)

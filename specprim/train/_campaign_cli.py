@@ -9,8 +9,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from specprim import models
 from specprim._usage import UsageError, as_usage_error, at_least, check_file, check_model
 
@@ -174,12 +172,14 @@ def check_resumable(campaign: Campaign, retrain: bool) -> None:
 
 
 def run_command(args: argparse.Namespace) -> int:
+    check_run(args)
+    import torch
+
     from specprim.train._campaign import adapt_threads, format_status, run_campaign
 
     def log(line: str) -> None:
         print(line, flush=True)
 
-    check_run(args)
     with as_usage_error():
         campaign = campaign_from_args(args)
     check_resumable(campaign, args.retrain)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-import torch
-
 from specprim import models
+from specprim._names import TRAIN_KINDS
 from specprim._usage import UsageError, as_usage_error, at_least, check_file, check_model
 
 __all__ = ["add_train_parser"]
@@ -14,15 +13,13 @@ __all__ = ["add_train_parser"]
 
 def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``train`` sub-command to ``specprim``'s sub-parsers and return its parser."""
-    from specprim.train._pipeline import KINDS
-
     parser = commands.add_parser(
         "train", help="train a draft head (EAGLE-3, EAGLE-1, Medusa, MTP) or distil a draft LM for a target",
         description="Conversations -> (self-distillation) -> target features cached on disk -> training with "
                     "checkpoints. Rerun the same command to resume. Runs under `accelerate launch` unchanged. "
                     "See docs/train.md.",
     )
-    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("kind", choices=TRAIN_KINDS)
     parser.add_argument("--target", default="smollm2-135m-instruct", help="a known name, a local path or a hub id")
     parser.add_argument("--out", required=True, help="output directory (data, features, checkpoints, head)")
     parser.add_argument("--data", default="sharegpt", help="'sharegpt' or a JSONL file of conversations")
@@ -88,10 +85,12 @@ def check_train(args: argparse.Namespace) -> None:
 
 
 def train_command(args: argparse.Namespace) -> int:
+    check_train(args)
+    import torch
+
     from specprim.train._pipeline import DataConfig, train_drafter
     from specprim.train._trainer import TrainConfig
 
-    check_train(args)
     with as_usage_error():
         data = DataConfig(
             source=args.data, num_conversations=args.num_conversations, max_length=args.max_length,

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import torch
 
+from specprim._names import TRAIN_KINDS
 from specprim.drafters import EagleHead, MedusaHeads, MTPHead
 from specprim.drafters._eagle_head import default_feature_layers
 from specprim.drafters._vocab import count_tokens
@@ -29,7 +30,7 @@ from specprim.train._trainer import TrainConfig, train
 __all__ = ["KINDS", "DataConfig", "train_drafter"]
 
 Kind = Literal["eagle3", "eagle", "medusa", "mtp", "distill"]
-KINDS: tuple[str, ...] = ("eagle3", "eagle", "medusa", "mtp", "distill")
+KINDS: tuple[str, ...] = TRAIN_KINDS
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

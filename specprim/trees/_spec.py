@@ -4,13 +4,13 @@ sampling)."""
 
 from __future__ import annotations
 
+from specprim._names import TREE_SPEC_HELP
 from specprim.trees._base import TreeBuilder
 from specprim.trees._chain import Chain
 from specprim.trees._dynamic import DynamicTree
 from specprim.trees._static import StaticTree
 
-SPEC_HELP = ("chain:K | dynamic:depth=D,top_k=K,budget=N | static:W1,W2,... (branching widths by depth, top-k) | "
-             "sampled:W1,W2,... (the same, siblings drawn without replacement at temperature > 0)")
+SPEC_HELP = TREE_SPEC_HELP  # kept with the other names the command line reads before importing torch
 
 
 def parse_tree(spec: str) -> TreeBuilder:
