@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -229,16 +228,13 @@ USAGE_ERRORS = [
 def test_usage_errors_exit_2_at_once_before_anything_loads(argv, message, nothing_loads, tmp_path, capsys):
     (tmp_path / "bad.toml").write_text("colour = 3\n")
     argv = [word.replace("{tmp}", str(tmp_path)) for word in argv]
-    start = time.perf_counter()
     status = cli.main(argv)
-    seconds = time.perf_counter() - start
     err = capsys.readouterr().err
     assert nothing_loads == []
     assert status == 2, err
     command = " ".join(argv[:2] if argv[0] == "campaign" else argv[:1])
     assert len(err.splitlines()) == 1 and err.startswith(f"specprim {command}: error: "), err
-    assert re.search(message, err), err
-    assert seconds < 1.0
+    assert re.search(message, err), err  # nothing_loads, not a timer, shows it failed before loading
 
 
 _RUN_AND_LIST_HEAVY_MODULES = """
