@@ -14,7 +14,7 @@ from transformers import GenerationConfig
 from specprim._stats import GenerationStats
 from specprim._types import DraftTree, TargetFeatures, Verdict, truncate_tree
 from specprim.drafters import Drafter, DraftRequest
-from specprim.hf import HFTarget, StaticTarget
+from specprim.hf import Target, as_target
 from specprim.sampling import SamplingConfig
 
 AcceptanceRule = Callable[..., Verdict]
@@ -46,7 +46,7 @@ class GenerateOutput:
 
 
 def speculative_generate(
-    target: torch.nn.Module | StaticTarget,
+    target: torch.nn.Module | Target,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     *,
@@ -86,8 +86,9 @@ def speculative_generate(
     is a batch of one: its left padding is dropped and the call returns a ``GenerateOutput``, like a call without
     it.
 
-    ``target`` is the Hugging Face causal LM, or a :class:`specprim.hf.StaticTarget` wrapping it: verification
-    with a static KV cache and padded trees, optionally ``torch.compile``d (see ``docs/generate.md``).
+    ``target`` is the Hugging Face causal LM, or a :class:`specprim.hf.Target` verifying on it (e.g. a
+    :class:`specprim.hf.StaticTarget`: a static KV cache and padded trees, optionally compiled; see
+    ``docs/generate.md``); :func:`specprim.hf.as_target` makes the one the loop uses.
 
     Batches: with ``B > 1``, an ``attention_mask`` (B, T) (left padding) or a list of drafters (one per row),
     rows are generated with ragged acceptance and one batched target forward per step, and the result is a
@@ -123,15 +124,16 @@ def speculative_generate(
         raise ValueError("speculative_generate needs a drafter and an acceptance rule, or a recipe")
 
     if wants_batch(input_ids, attention_mask, drafter):
-        if isinstance(target, StaticTarget):
-            raise ValueError("a StaticTarget decodes one sequence at a time; pass the model itself for batches")
+        if not isinstance(target, torch.nn.Module):
+            raise ValueError(f"a {type(target).__name__} decodes one sequence at a time; pass the model itself "
+                             "for batches")
         return batch_generate(
             target, input_ids, attention_mask, drafter=drafter, acceptance=acceptance, max_new_tokens=max_new_tokens,
             temperature=temperature, top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, generator=generator,
             streamer=streamer, pad_token_id=pad_token_id,
         )
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    verifier = target if isinstance(target, StaticTarget) else HFTarget(target)
+    verifier = as_target(target)
     ids = _check_prompt(input_ids).to(verifier.device)  # (1, T)
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")

@@ -20,8 +20,7 @@ from specprim._stats import GenerationStats
 from specprim._types import DraftRequest, DraftTree, TargetFeatures, Verdict, truncate_tree
 from specprim.bench._metrics import merge_stats
 from specprim.bench._prompts import Prompt, conversation_ids
-from specprim.hf import input_device, vocab_size
-from specprim.hf._target import _cache_kwarg
+from specprim.hf import cache_kwarg, input_device, vocab_size
 from specprim.sampling import SamplingConfig
 
 
@@ -178,7 +177,7 @@ def greedy_continuation(target: torch.nn.Module, input_ids: torch.Tensor, max_ne
     """
     ids = input_ids.to(input_device(target))
     cache = DynamicCache(config=target.config)
-    kwarg = _cache_kwarg(target)
+    kwarg = cache_kwarg(target)
     logits = target(input_ids=ids, use_cache=True, **{kwarg: cache}).logits[:, -1]  # (1, V)
     tokens = []
     for step in range(max_new_tokens):

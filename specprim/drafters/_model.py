@@ -7,8 +7,7 @@ from transformers import PreTrainedModel
 
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._vocab import draft_vocab
-from specprim.hf import LMDraftModel
-from specprim.hf._target import vocab_size
+from specprim.hf import LMDraftModel, vocab_size
 from specprim.trees import Chain, TreeBuilder
 
 

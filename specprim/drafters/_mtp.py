@@ -24,7 +24,7 @@ from transformers import DynamicCache
 
 from specprim._types import DraftRequest
 from specprim.drafters._checkpoint import check_target, load_head, save_head, target_dimensions
-from specprim.hf._target import _cache_kwarg
+from specprim.hf import cache_kwarg
 from specprim.masks import additive_mask
 
 __all__ = ["MTPConfig", "MTPDraftModel", "MTPHead"]
@@ -120,7 +120,7 @@ class MTPHead(nn.Module):
         self.token_norm = nn.RMSNorm(hidden, eps=config.norm_eps)
         self.proj = nn.Linear(2 * hidden, hidden, bias=False)
         self.block = build_block(target, config.block)
-        self._cache_kwarg = _cache_kwarg(self.block)
+        self._cache_kwarg = cache_kwarg(self.block)
         # A tuple is not registered by nn.Module: the target's modules stay out of state_dict() and parameters().
         self._target_modules = (target.get_input_embeddings(), target.get_output_embeddings())
         weight = self._target_modules[1].weight

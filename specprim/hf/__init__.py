@@ -1,17 +1,20 @@
 """Hugging Face integration: tree verification through a model's public forward and KV-cache commit."""
 
 from specprim.hf._batched_target import BatchedHFTarget
-from specprim.hf._draft_lm import LMDraftModel
-from specprim.hf._static_draft_lm import StaticLMDraftModel
-from specprim.hf._static_target import QUERY_BUCKETS, StaticTarget, WarmShapes, query_bucket
-from specprim.hf._target import (
-    HFTarget,
+from specprim.hf._causal_lm import (
+    CausalLM,
+    cache_kwarg,
     check_causal_lm,
     context_length,
     input_device,
     sliding_window,
     vocab_size,
 )
+from specprim.hf._draft_lm import LMDraftModel
+from specprim.hf._protocol import Target
+from specprim.hf._static_draft_lm import StaticLMDraftModel
+from specprim.hf._static_target import QUERY_BUCKETS, StaticTarget, WarmShapes, query_bucket
+from specprim.hf._target import HFTarget, as_target
 from specprim.hf._tokenizers import chat_input_ids, check_tokenizers_compatible
 from specprim.hf._truncate import num_layers, truncated_view
 from specprim.hf._windowed_attention import windowed_attention, windowed_sdpa_forward
@@ -22,9 +25,8 @@ __all__ = [
     "LMDraftModel",
     "StaticLMDraftModel",
     "StaticTarget",
+    "Target",
+    "as_target",
     "chat_input_ids",
-    "check_tokenizers_compatible",
-    "context_length",
-    "truncated_view",
     "windowed_attention",
 ]

@@ -9,13 +9,13 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from specprim._types import DraftTree
-from specprim.hf._target import ModelRunner
+from specprim.hf._causal_lm import CausalLM
 from specprim.masks import tree_attention_mask
 
 __all__ = ["BatchedHFTarget"]
 
 
-class BatchedHFTarget(ModelRunner):
+class BatchedHFTarget:
     """A causal LM as the target of a batch of independent speculative generations (rows), with one KV cache.
 
     The cache is *ragged*: it has ``S`` slots per row, and ``valid`` (B, S) says which slots hold a committed
@@ -35,7 +35,9 @@ class BatchedHFTarget(ModelRunner):
     """
 
     def __init__(self, model: PreTrainedModel) -> None:
-        super().__init__(model)
+        self.lm = CausalLM.of(model)
+        self.model, self.device, self.vocab_size = model, self.lm.device, self.lm.vocab_size
+        self.cache: DynamicCache | None = None
         self.valid = torch.zeros(0, 0, dtype=torch.bool)  # (B, S)
         self.root_positions = torch.zeros(0, dtype=torch.long)  # (B,)
         self.compactions = 0
@@ -70,14 +72,13 @@ class BatchedHFTarget(ModelRunner):
         self.valid = real[:, :-1]  # (B, T - 1)
         self.root_positions = real.long().sum(1) - 1  # (B,)
         if length == 1:
-            size = self.model.config.get_text_config().hidden_size
-            return tuple(ids.new_zeros(batch, 0, size, dtype=self.dtype) for _ in feature_layers)
+            return self.lm.no_hidden_states(batch, feature_layers)
         positions = (self.valid.long().cumsum(1) - 1).clamp(min=0)  # (B, T - 1)
         causal = torch.ones(length - 1, length - 1, dtype=torch.bool, device=self.device).tril()  # (T-1, T-1)
         eye = torch.eye(length - 1, dtype=torch.bool, device=self.device)
         allowed = (causal & self.valid[:, None, :]) | eye  # (B, T - 1, T - 1); a padding query sees itself only
         _, hidden = self._forward(ids[:, :-1], allowed, positions, feature_layers)
-        self._check_cache_layers()
+        self.lm.check_dynamic_cache(self.cache)
         return hidden
 
     @torch.no_grad()
@@ -131,7 +132,7 @@ class BatchedHFTarget(ModelRunner):
         allowed = torch.cat([past, tree_part], dim=2)  # (B, 1 + N, S + 1 + N)
         positions = self.root_positions[:, None].to(self.device) + depth.to(self.device)  # (B, 1 + N)
         logits, hidden = self._forward(ids, allowed, positions, feature_layers)
-        self._check_cache_layers()
+        self.lm.check_dynamic_cache(self.cache)
         self._pending = slots
         return logits.float(), hidden
 
@@ -209,16 +210,21 @@ class BatchedHFTarget(ModelRunner):
         self.compactions += 1
 
     def _fit_window(self, num_nodes: int) -> None:
-        if self.sliding_window is None or self.num_slots + 1 + num_nodes < self.sliding_window:
+        window = self.lm.sliding_window
+        if window is None or self.num_slots + 1 + num_nodes < window:
             return
         self.compact()
-        self.check_length(self.num_slots + 1 + num_nodes)
+        self.lm.check_length(self.num_slots + 1 + num_nodes)
 
     def _layers(self) -> list[DynamicLayer]:
         assert self.cache is not None
         return [layer for layer in self.cache.layers if layer.is_initialized]
 
-    def _forward(  # type: ignore[override]
+    def check_length(self, total_length: int) -> None:
+        """Raise ``ValueError`` if a row of ``total_length`` tokens does not fit the model."""
+        self.lm.check_length(total_length)
+
+    def _forward(
         self,
         ids: torch.Tensor,
         allowed: torch.Tensor,
@@ -226,7 +232,8 @@ class BatchedHFTarget(ModelRunner):
         feature_layers: tuple[int, ...],
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """ids (B, Q), allowed (B, Q, K) bool, position_ids (B, Q) -> logits (B, Q, V) and the hidden states."""
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask = mask.masked_fill(~allowed, torch.finfo(self.dtype).min)[:, None]  # (B, 1, Q, K) additive
-        logits, hidden = super()._forward(ids, mask, position_ids, feature_layers)
+        dtype = self.lm.dtype
+        mask = torch.zeros(allowed.shape, dtype=dtype, device=self.device)
+        mask = mask.masked_fill(~allowed, torch.finfo(dtype).min)[:, None]  # (B, 1, Q, K) additive
+        logits, hidden = self.lm.forward(self.cache, ids, mask, position_ids, feature_layers)
         return logits.to(self.device), hidden

@@ -8,7 +8,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specprim._types import DraftRequest
-from specprim.hf._target import _cache_kwarg, check_causal_lm, input_device, vocab_size
+from specprim.hf._causal_lm import cache_kwarg, check_causal_lm, input_device, vocab_size
 from specprim.masks import additive_mask, tree_extension_mask
 from specprim.models._pack import PackedLinear
 
@@ -49,7 +49,7 @@ class LMDraftModel:
         fallback = config.pad_token_id if config.pad_token_id is not None else config.eos_token_id
         fallback = fallback[0] if isinstance(fallback, list) else fallback
         self.unknown_token_id = unknown_token_id if unknown_token_id is not None else (fallback or 0)
-        self._cache_kwarg = _cache_kwarg(model)
+        self._cache_kwarg = cache_kwarg(model)
         self._cache: DynamicCache | None = None
         self._committed = torch.empty(0, dtype=torch.long)  # (C,) tokens whose KV precedes the scratch nodes
         self._scratch_parents: list[int] = []

@@ -21,7 +21,7 @@ from transformers.utils import output_capturing
 
 from specprim._types import DraftTree
 from specprim.hf._aot_forward import CachedForward, aot_applies, package_key, weights_fingerprint
-from specprim.hf._target import ModelRunner
+from specprim.hf._causal_lm import CausalLM
 from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
 from specprim.models._pack import stock_kernels
@@ -112,7 +112,7 @@ def _current_stance() -> str:
     return getattr(stance, "stance", "default")
 
 
-class StaticTarget(ModelRunner):
+class StaticTarget:
     """A Hugging Face causal LM as a speculative-decoding target with static shapes, optionally compiled.
 
     Same interface as :class:`~specprim.hf.HFTarget` (``start``, ``verify``, ``commit``, ``past_length``); pass it
@@ -162,7 +162,8 @@ class StaticTarget(ModelRunner):
         self, model: PreTrainedModel, *, compile: bool = True, min_cache_length: int = 0,  # noqa: A002 - option name
         head: torch.nn.Module | None = None, prefill_chunk: int | None = None, min_padded: int = 0,
     ) -> None:
-        super().__init__(model)
+        self.lm = CausalLM.of(model)
+        self.model, self.device, self.vocab_size = model, self.lm.device, self.lm.vocab_size
         if not isinstance(min_padded, int) or isinstance(min_padded, bool) or min_padded < 0:
             raise ValueError(f"min_padded must be an int >= 0, got {min_padded!r}")
         self.min_padded = min_padded
@@ -172,9 +173,9 @@ class StaticTarget(ModelRunner):
         self.min_cache_length = min_cache_length
         int4 = any(isinstance(module, Int4Linear) for module in model.modules())
         # int4: the template at every size in bfloat16 (its int4 kernel's only dtype here), never in others
-        self._gemm_template = (self.dtype == torch.bfloat16) if int4 else None
+        self._gemm_template = (self.lm.dtype == torch.bfloat16) if int4 else None
         if prefill_chunk is None:
-            prefill_chunk = PREFILL_CHUNK if compile and (int4 or self.dtype == torch.bfloat16) else 0
+            prefill_chunk = PREFILL_CHUNK if compile and (int4 or self.lm.dtype == torch.bfloat16) else 0
         self.prefill_chunk = prefill_chunk  # 0: one eager forward
         self.head = model.get_output_embeddings() if head is None else head  # (..., H) -> (..., V) logits
         self._shapes: set[tuple[int, tuple[int, ...]]] = set()  # (padded size, feature layers) verified so far
@@ -182,7 +183,7 @@ class StaticTarget(ModelRunner):
         self.compiled = compile
         self._warm = WarmShapes("verifier" if head is None else "draft model")
         self.past_length = 0
-        self.cache: StaticCache | None = None  # type: ignore[assignment]
+        self.cache: StaticCache | None = None
         self._layer_cache_kwarg = _layer_cache_kwarg(self.decoder.layers[0])
         self._forward_layers: Callable[..., tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = self._layers
         if compile:
@@ -190,6 +191,10 @@ class StaticTarget(ModelRunner):
         self._aot_cached = compile and aot_applies(model.config, model, self.head)
         self._aot: dict[tuple[int, tuple[int, ...], int], CachedForward] = {}
         self._fingerprint: str | None = None
+
+    def check_length(self, total_length: int) -> None:
+        """Raise ``ValueError`` if a sequence of ``total_length`` tokens does not fit the model."""
+        self.lm.check_length(total_length)
 
     @torch.no_grad()
     def start(self, input_ids: torch.Tensor, feature_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, ...]:
@@ -209,7 +214,7 @@ class StaticTarget(ModelRunner):
         self.past_length = 0
         self._write_from(0)
         if length == 0:  # a one-token prompt: nothing to prefill
-            return self._no_hidden_states(1, feature_layers)
+            return self.lm.no_hidden_states(1, feature_layers)
         if self.prefill_chunk:
             return self._prefill_in_chunks(prefix[0], feature_layers)
         with self._attention() as windowed:
@@ -292,7 +297,7 @@ class StaticTarget(ModelRunner):
     ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
         """:meth:`forward_nodes` padded to ``padded`` (>= n) tokens, the logits in the model's dtype."""
         real, past = tokens.shape[0], self.past_length
-        self.check_length(past + real)
+        self.lm.check_length(past + real)
         self._reserve(past + padded + int(self._aot_cached), keep=past)  # a package's window stays below the cache
         ids = torch.zeros(1, padded, dtype=torch.long, device=self.device)  # (1, Q)
         ids[0, :real] = tokens
@@ -326,7 +331,7 @@ class StaticTarget(ModelRunner):
                 self._fingerprint = weights_fingerprint(self.model) + weights_fingerprint(self.head)
             key = dict(shape=f"{self._warm.label} for shape {shape}", weights=self._fingerprint,
                        config=self.model.config.to_json_string(use_diff=False),
-                       gemm_template=_uses_gemm_template(padded, self._gemm_template), **package_key(self.dtype))
+                       gemm_template=_uses_gemm_template(padded, self._gemm_template), **package_key(self.lm.dtype))
             self._aot[shape] = CachedForward.load_or_compile(
                 functools.partial(self._layers, feature_layers=feature_layers), self.cache, example, key,
                 settings=lambda: compiled_forward_settings(self.decoder.config, self.device.type, padded,
@@ -399,12 +404,13 @@ class StaticTarget(ModelRunner):
         write_from(self.cache, position)
 
     def _mask(self, allowed: torch.Tensor) -> torch.Tensor:
-        return additive_mask(allowed, dtype=self.dtype, device=self.device)  # (1, 1, Q, L)
+        return additive_mask(allowed, dtype=self.lm.dtype, device=self.device)  # (1, 1, Q, L)
 
     def _reserve(self, length: int, keep: int) -> None:
         """Make the cache hold ``length`` positions, keeping the first ``keep`` entries when it must grow."""
         if length > self.cache_length:
-            self.cache = grown_cache(self.model.config, self.cache, length, keep, dtype=self.dtype, device=self.device)
+            self.cache = grown_cache(self.model.config, self.cache, length, keep, dtype=self.lm.dtype,
+                                     device=self.device)
 
     def _check_feature_layers(self, feature_layers: tuple[int, ...]) -> None:
         count = len(self.decoder.layers) + 1

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from specprim._types import DraftTree
-from specprim.hf import HFTarget, StaticTarget, query_bucket
+from specprim.hf import StaticTarget, as_target, query_bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,7 +130,7 @@ def measure_verify_costs(
         raise ValueError("tree sizes must be >= 0")
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
-    verifier = target if isinstance(target, StaticTarget) else HFTarget(target)
+    verifier = as_target(target)
     verifier.start(input_ids)
     root = input_ids[:, -1].to(verifier.device)  # (1,)
     generator = torch.Generator().manual_seed(0)

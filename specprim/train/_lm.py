@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
-from specprim.hf._target import check_causal_lm
-from specprim.hf._target import vocab_size as logits_width
+from specprim.hf import check_causal_lm
+from specprim.hf import vocab_size as logits_width
 from specprim.train._features import FeatureBatch
 from specprim.train._losses import greedy_accuracy, soft_cross_entropy
 from specprim.train._objective import LossOn, Objective, ObjectiveOutput, loss_mask
