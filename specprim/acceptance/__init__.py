@@ -9,6 +9,7 @@ from specprim.acceptance._block import BlockVerification
 from specprim.acceptance._greedy import Greedy
 from specprim.acceptance._multidraft import OptimalMultiDraft  # noqa: F401  importable; not in __all__ (see below)
 from specprim.acceptance._speculative import SpeculativeSampling
+from specprim.acceptance._traversal import TraversalVerification  # noqa: F401  importable; not in __all__ (see below)
 from specprim.acceptance._typical import TypicalAcceptance
 
 RULES = {
@@ -16,6 +17,7 @@ RULES = {
     "greedy": Greedy,
     "typical": TypicalAcceptance,
     "block": BlockVerification,
+    "traversal": TraversalVerification,
 }
 """The rules by the name a command line or a :class:`specprim.recipes.Recipe` gives them."""
 
@@ -27,5 +29,6 @@ __all__ = [
     "SpeculativeSampling",
     "TypicalAcceptance",
 ]
-# `OptimalMultiDraft` (an LP per row, tiny vocabularies only) is importable from here but kept out of `__all__` while
-# the public surface is at its budget (tests/test_public_surface.py).
+# `OptimalMultiDraft` (an LP per row, tiny vocabularies only) and `TraversalVerification` (also reachable as
+# RULES["traversal"]) are importable from here but kept out of `__all__` while the public surface is at its budget
+# (tests/test_public_surface.py).
