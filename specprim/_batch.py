@@ -9,20 +9,11 @@ from collections.abc import Sequence
 
 import torch
 
-from specprim._loop import (
-    AcceptanceRule,
-    GenerateOutput,
-    _check_logits,
-    _check_tree,
-    _committed_features,
-    _cut,
-    _stop_ids,
-    check_decodes,
-)
-from specprim._stats import GenerationStats
-from specprim._types import DraftRequest, DraftTree, TargetFeatures, truncate_tree
+from specprim._stats import GenerateOutput, GenerationStats, merge_stats
+from specprim._step import AcceptanceRule, Row, check_budget, check_decodes, speculative_step, stop_token_ids
+from specprim._types import TargetFeatures
 from specprim.drafters import Drafter
-from specprim.hf._batched_target import BatchedHFTarget
+from specprim.hf import BatchedHFTarget
 from specprim.sampling import SamplingConfig
 
 __all__ = ["BatchGenerateOutput", "batch_generate", "wants_batch"]
@@ -109,102 +100,49 @@ def batch_generate(
     ids, mask = _check_batch(input_ids, attention_mask)  # (B, T), (B, T) bool
     batch, width = ids.shape
     drafters = _check_drafters(drafter, batch)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_budget(max_new_tokens)
     check_decodes(acceptance, drafters, sampling)
     if streamer is not None:
         raise ValueError("a streamer needs one unpadded prompt (B = 1, no attention_mask)")
-    stop_ids = _stop_ids(eos_token_id)
+    stop_ids = stop_token_ids(eos_token_id)
     pad = pad_token_id if pad_token_id is not None else (int(stop_ids[0]) if stop_ids.numel() else 0)
     lengths = mask.sum(1).tolist()  # prompt length of every row
     verifier.check_length(max(lengths) + max_new_tokens)
-    layers_of = [tuple(getattr(d, "feature_layers", ())) for d in drafters]
-    all_layers = tuple(dict.fromkeys(layer for layers in layers_of for layer in layers))
-    rows = [ids[b : b + 1, width - lengths[b] :].to(verifier.device) for b in range(batch)]  # (1, T_b) each
-    row_stats = tuple(GenerationStats() for _ in range(batch))
-    pooled = GenerationStats()
-    features: list[TargetFeatures | None] = [None] * batch
-    active = list(range(batch)) if max_new_tokens > 0 else []  # rows in the verifier's batch, in its order
+    rows = [Row(ids=ids[b : b + 1, width - lengths[b] :].to(verifier.device), prompt_length=lengths[b],
+                budget=max_new_tokens, drafter=drafters[b], layers=tuple(getattr(drafters[b], "feature_layers", ())))
+            for b in range(batch)]  # ids (1, T_b) each
+    layers = tuple(dict.fromkeys(layer for row in rows for layer in row.layers))
+    active = list(rows) if max_new_tokens > 0 else []  # the rows in the verifier's batch, in its order
     loop_start = time.perf_counter()
     if active:
-        hidden = verifier.start(ids, mask, all_layers)  # (B, T - 1, H) each
-        for b in range(batch):
-            row_hidden = _row_layers(hidden, b, layers_of[b], all_layers)
-            if row_hidden:
-                prompt = tuple(h[:, width - lengths[b] :] for h in row_hidden)  # (1, T_b - 1, H) each
-                features[b] = TargetFeatures(hidden_states=prompt, token_ids=rows[b][:, :-1], start=0)
-    forwards = 0
+        hidden = verifier.start(ids, mask, layers)  # (B, T - 1, H) each
+        for b, row in enumerate(rows):
+            if row.layers:
+                prompt = tuple(hidden[layers.index(layer)][b : b + 1, width - lengths[b] :] for layer in row.layers)
+                row.features = TargetFeatures(hidden_states=prompt, token_ids=row.ids[:, :-1], start=0)
+    forwards, verify_s = 0, 0.0
     while active:
-        step_start = time.perf_counter()
-        trees: list[DraftTree] = []
-        draft_s: list[float] = []
-        for b in active:
-            start = time.perf_counter()
-            remaining = max_new_tokens - (rows[b].shape[1] - lengths[b])
-            request = DraftRequest(
-                input_ids=rows[b], sampling=sampling, vocab_size=verifier.vocab_size, max_depth=remaining - 1,
-                generator=generator, step=row_stats[b].steps, features=features[b],
-            )
-            tree = truncate_tree(drafters[b].propose(request), remaining - 1).to(verifier.device)
-            _check_tree(tree, verifier.vocab_size)
-            trees.append(tree)
-            draft_s.append(time.perf_counter() - start)
-        drafted = time.perf_counter()
-        roots = torch.stack([rows[b][0, -1] for b in active])  # (B',)
-        root_positions = verifier.root_positions.tolist()
-        logits, hidden = verifier.verify(roots, trees, all_layers, pad)  # (B', N + 1, V), (B', N + 1, H) each
-        verify_s = time.perf_counter() - drafted
-        paths, done = [], []
-        for i, b in enumerate(active):
-            start = time.perf_counter()
-            tree = trees[i]
-            row_logits = logits[i : i + 1, : tree.num_nodes + 1]  # (1, N_b + 1, V)
-            _check_logits(row_logits)
-            verdict = acceptance(sampling.probs(row_logits), tree, generator=generator)
-            drafters[b].observe(verdict)
-            accepted = int(verdict.num_accepted[0])
-            path = verdict.path[0, :accepted]  # (a,)
-            paths.append(path)
-            row_hidden = _row_layers(hidden, i, layers_of[b], all_layers)  # (1, N + 1, H) each
-            features[b] = _committed_features(row_hidden, rows[b][:, -1:], tree.tokens[:, path], path,
-                                              root_positions[i])
-            remaining = max_new_tokens - (rows[b].shape[1] - lengths[b])
-            new, finished = _cut(torch.cat([tree.tokens[0, path], verdict.next_token[:1]])[:remaining], stop_ids)
-            rows[b] = torch.cat([rows[b], new[None]], dim=1)
-            if finished or new.shape[0] == remaining:
-                done.append(i)
-            other_s = time.perf_counter() - start
-            row_stats[b].record(
-                accepted=accepted, tree_depth=tree.depth, tree_nodes=tree.num_nodes, emitted=new.shape[0],
-                draft_s=draft_s[i], verify_s=verify_s, total_s=draft_s[i] + verify_s + other_s,
-                tree_parents=tree.parent_list, path=path.tolist(),
-            )
-            pooled.record(accepted=accepted, tree_depth=tree.depth, tree_nodes=tree.num_nodes,
-                          emitted=new.shape[0], draft_s=0.0, verify_s=0.0, total_s=0.0,
-                          tree_parents=tree.parent_list, path=path.tolist())
-        verifier.commit(paths)
+        shared = active[0].stats.verify_s  # every row of a step records the one batched forward's time
+        speculative_step(
+            active, verify=lambda roots, trees: verifier.verify(roots, trees, layers, pad),
+            commit=lambda verdicts: verifier.commit([v.path[0, : int(v.num_accepted[0])] for v in verdicts]),
+            acceptance=acceptance, sampling=sampling, vocab_size=verifier.vocab_size, device=verifier.device,
+            layers=layers, generator=generator, stop_ids=stop_ids,
+        )
         forwards += 1
-        if done:
-            keep = [i for i in range(len(active)) if i not in done]
+        verify_s += active[0].stats.verify_s - shared
+        keep = [i for i, row in enumerate(active) if not row.finished]
+        if len(keep) < len(active):
             verifier.keep_rows(torch.tensor(keep, dtype=torch.long))
             active = [active[i] for i in keep]
         if active and verifier.reclaimable() >= max(COMPACT_MIN_SLOTS, verifier.num_slots // 4):
             verifier.compact()
-        pooled.draft_s += drafted - step_start
-        pooled.verify_s += verify_s
-        pooled.other_s += time.perf_counter() - step_start - (drafted - step_start) - verify_s
-    pooled.other_s += (time.perf_counter() - loop_start) - pooled.total_s  # prefill and setup
-    sequences, out_mask = _assemble(input_ids, mask, rows, lengths, pad)
-    return BatchGenerateOutput(sequences=sequences, stats=pooled, attention_mask=out_mask, row_stats=row_stats,
-                               forwards=forwards)
-
-
-def _row_layers(
-    hidden: tuple[torch.Tensor, ...], row: int, layers: tuple[int, ...], all_layers: tuple[int, ...]
-) -> tuple[torch.Tensor, ...]:
-    """Row ``row`` of the (B, n, H) hidden states of ``all_layers``, for a drafter's own ``layers`` in its
-    order: (1, n, H) each."""
-    return tuple(hidden[all_layers.index(layer)][row : row + 1] for layer in layers)
+    pooled = merge_stats([row.stats for row in rows])  # every (row, step) record; times: the loop's wall time
+    pooled.verify_s = verify_s
+    pooled.other_s = time.perf_counter() - loop_start - pooled.draft_s - verify_s  # the rest, prefill included
+    sequences, out_mask = _assemble(input_ids, mask, [row.ids for row in rows], lengths, pad)
+    return BatchGenerateOutput(sequences=sequences, stats=pooled, attention_mask=out_mask,
+                               row_stats=tuple(row.stats for row in rows), forwards=forwards)
 
 
 def _assemble(

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
 from transformers import GenerationConfig
 
-from specprim._stats import GenerationStats
-from specprim._types import DraftTree, TargetFeatures, Verdict, truncate_tree
-from specprim.drafters import Drafter, DraftRequest
+from specprim._batch import batch_generate, wants_batch
+from specprim._stats import GenerateOutput
+from specprim._step import (
+    AcceptanceRule,
+    Row,
+    check_budget,
+    check_decodes,
+    speculative_step,
+    stop_token_ids,
+)
+from specprim._types import TargetFeatures
+from specprim.drafters import Drafter
 from specprim.hf import Target, as_target
 from specprim.sampling import SamplingConfig
-
-AcceptanceRule = Callable[..., Verdict]
 
 
 class FromModel(enum.Enum):
@@ -35,14 +40,6 @@ class Buildable(Protocol):
     acceptance rule) for a target, e.g. :class:`specprim.recipes.Recipe`."""
 
     def build(self, model: torch.nn.Module) -> Any: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerateOutput:
-    """``sequences``: (B, T + n) long, the prompt followed by the generated tokens; ``stats``: per-step record."""
-
-    sequences: torch.Tensor
-    stats: GenerationStats
 
 
 def speculative_generate(
@@ -98,8 +95,6 @@ def speculative_generate(
     prompt + budget over the model's context, a tree whose ``q`` or tokens do not fit the target's vocabulary,
     or a greedy-only rule under sampling; ``FloatingPointError`` for NaN or +inf target logits.
     """
-    from specprim._batch import batch_generate, wants_batch
-
     config = generation_config or _model_generation_config(target)
     if eos_token_id is FROM_MODEL:
         eos_token_id = None if config is None else config.eos_token_id
@@ -135,82 +130,29 @@ def speculative_generate(
     sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
     verifier = as_target(target)
     ids = _check_prompt(input_ids).to(verifier.device)  # (1, T)
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be an int >= 0, got {max_new_tokens!r}")
+    check_budget(max_new_tokens)
     check_decodes(acceptance, [drafter], sampling)
-    stop_ids = _stop_ids(eos_token_id)
     verifier.check_length(ids.shape[1] + max_new_tokens)
-    stats = GenerationStats()
+    layers = tuple(getattr(drafter, "feature_layers", ()))
+    row = Row(ids=ids, prompt_length=ids.shape[1], budget=max_new_tokens, drafter=drafter, layers=layers)
     if streamer is not None:
         streamer.put(ids.cpu())
-    feature_layers = tuple(getattr(drafter, "feature_layers", ()))
-    features = None
     if max_new_tokens > 0:
-        hidden = verifier.start(ids, feature_layers)  # (1, T - 1, H) each
-        features = TargetFeatures(hidden_states=hidden, token_ids=ids[:, :-1], start=0) if feature_layers else None
-    generated = 0
-    while generated < max_new_tokens:
-        start = time.perf_counter()
-        remaining = max_new_tokens - generated
-        request = DraftRequest(
-            input_ids=ids, sampling=sampling, vocab_size=verifier.vocab_size,
-            max_depth=remaining - 1, generator=generator, step=stats.steps, features=features,
+        hidden = verifier.start(ids, layers)  # (1, T - 1, H) each
+        row.features = TargetFeatures(hidden_states=hidden, token_ids=ids[:, :-1], start=0) if layers else None
+    stop_ids = stop_token_ids(eos_token_id)
+    while row.remaining > 0 and not row.finished:
+        (new,) = speculative_step(
+            [row], verify=lambda roots, trees: verifier.verify(roots, trees[0], layers),
+            commit=lambda verdicts: verifier.commit(verdicts[0].path, verdicts[0].num_accepted),
+            acceptance=acceptance, sampling=sampling, vocab_size=verifier.vocab_size, device=verifier.device,
+            layers=layers, generator=generator, stop_ids=stop_ids,
         )
-        tree = truncate_tree(drafter.propose(request), remaining - 1).to(verifier.device)
-        _check_tree(tree, verifier.vocab_size)
-        drafted = time.perf_counter()
-        root_position = verifier.past_length
-        logits, hidden = verifier.verify(ids[:, -1], tree, feature_layers)  # (1, N + 1, V), (1, N + 1, H) each
-        verified = time.perf_counter()
-        _check_logits(logits)
-        verdict = acceptance(sampling.probs(logits), tree, generator=generator)
-        verifier.commit(verdict.path, verdict.num_accepted)
-        drafter.observe(verdict)
-        accepted = int(verdict.num_accepted[0])
-        path = verdict.path[0, :accepted]  # (a,)
-        new = torch.cat([tree.tokens[0, path], verdict.next_token[:1]])  # (a + 1,)
-        features = _committed_features(hidden, ids[:, -1:], tree.tokens[:, path], path, root_position)
-        new, finished = _cut(new[:remaining], stop_ids)
-        ids = torch.cat([ids, new[None]], dim=1)
-        generated += new.shape[0]
         if streamer is not None:
             streamer.put(new.cpu())
-        stats.record(
-            accepted=accepted, tree_depth=tree.depth, tree_nodes=tree.num_nodes, emitted=new.shape[0],
-            draft_s=drafted - start, verify_s=verified - drafted, total_s=time.perf_counter() - start,
-            tree_parents=tree.parent_list, path=path.tolist(),
-        )
-        if finished:
-            break
     if streamer is not None:
         streamer.end()
-    return GenerateOutput(sequences=ids, stats=stats)
-
-
-def _committed_features(
-    hidden: tuple[torch.Tensor, ...], root: torch.Tensor, accepted: torch.Tensor, path: torch.Tensor, start: int
-) -> TargetFeatures | None:
-    """The target's hidden states at the positions this step committed: the root (row 0) and the accepted
-    nodes (rows ``path + 1``); ``root`` (1, 1) and ``accepted`` (1, a) are the tokens there."""
-    if not hidden:
-        return None
-    rows = torch.cat([path.new_zeros(1), path + 1])  # (a + 1,)
-    tokens = torch.cat([root, accepted], dim=1)  # (1, a + 1)
-    return TargetFeatures(hidden_states=tuple(h[:, rows] for h in hidden), token_ids=tokens, start=start)
-
-
-def check_decodes(acceptance: AcceptanceRule, drafters: Sequence[Drafter], sampling: SamplingConfig) -> None:
-    """Raise ``ValueError`` when ``sampling`` is not greedy and the acceptance rule or one of ``drafters`` declares
-    ``greedy_only``."""
-    if sampling.is_greedy:
-        return
-    if getattr(acceptance, "greedy_only", False):
-        raise ValueError(f"{acceptance!r} verifies greedy decoding only; use temperature=0 or a sampling rule")
-    for drafter in drafters:
-        if getattr(drafter, "greedy_only", False):
-            raise ValueError(f"{drafter!r} drafts for greedy decoding only (e.g. a union with a sampled: tree, whose "
-                             "nodes would lose the q they were drawn from); use temperature=0, a deterministic tree, "
-                             "or the sampling drafter alone")
+    return GenerateOutput(sequences=row.ids, stats=row.stats)
 
 
 def _one_unpadded_row(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -247,36 +189,3 @@ def _model_generation_config(target: object) -> GenerationConfig | None:
     return None
 
 
-def _stop_ids(eos_token_id: int | Sequence[int] | None) -> torch.Tensor:
-    if eos_token_id is None:
-        return torch.empty(0, dtype=torch.long)
-    values = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    return torch.tensor(values, dtype=torch.long)
-
-
-def _cut(new: torch.Tensor, stop_ids: torch.Tensor) -> tuple[torch.Tensor, bool]:
-    """Cut ``new`` (n,) right after its first stop token; say whether one was found."""
-    if stop_ids.numel() == 0:
-        return new, False
-    hits = torch.isin(new, stop_ids.to(new.device)).nonzero()
-    if hits.numel() == 0:
-        return new, False
-    return new[: int(hits[0, 0]) + 1], True
-
-
-def _check_tree(tree: DraftTree, vocab_size: int) -> None:
-    if tree.batch_size != 1:
-        raise ValueError(f"the drafter returned a tree for batch size {tree.batch_size}, expected 1")
-    if tree.q is not None and tree.q.shape[-1] != vocab_size:
-        raise ValueError(f"the drafter's q has {tree.q.shape[-1]} columns; the target's vocabulary has {vocab_size}")
-    if tree.num_nodes and bool(((tree.tokens < 0) | (tree.tokens >= vocab_size)).any()):
-        raise ValueError(f"the drafter proposed a token id outside the target's vocabulary [0, {vocab_size})")
-
-
-def _check_logits(logits: torch.Tensor) -> None:
-    if bool(torch.isfinite(logits.sum())):  # one reduction and one sync when every logit is finite
-        return
-    if bool(logits.isnan().any()) or bool(logits.isposinf().any()):
-        raise FloatingPointError("the target produced NaN or +inf logits; check the model's dtype and weights")
-    if bool(logits.isneginf().all(-1).any()):
-        raise FloatingPointError("the target produced a row of all -inf logits")

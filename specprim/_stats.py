@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+import torch
+
 SiblingOutcome = tuple[int, int, int]
 """``(depth, children, accepted_rank)``: children of depth ``depth``, ``accepted_rank`` in ``[-1, children)``."""
 
@@ -103,3 +105,27 @@ class GenerationStats:
             "acceptance_by_depth": self.acceptance_by_depth,
             "draft_s": self.draft_s, "verify_s": self.verify_s, "other_s": self.other_s,
         }
+
+
+def merge_stats(parts: Sequence[GenerationStats]) -> GenerationStats:
+    """One record for several generations (the turns of a conversation): lists concatenated, times added."""
+    merged = GenerationStats()
+    for part in parts:
+        merged.accepted += part.accepted
+        merged.tree_depth += part.tree_depth
+        merged.tree_nodes += part.tree_nodes
+        merged.emitted += part.emitted
+        merged.sibling_outcomes += part.sibling_outcomes
+        merged.tree_parents += part.tree_parents
+        merged.draft_s += part.draft_s
+        merged.verify_s += part.verify_s
+        merged.other_s += part.other_s
+    return merged
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateOutput:
+    """``sequences``: (B, T + n) long, the prompt followed by the generated tokens; ``stats``: per-step record."""
+
+    sequences: torch.Tensor
+    stats: GenerationStats

@@ -16,22 +16,6 @@ from typing import Any
 from specprim._stats import GenerationStats
 
 
-def merge_stats(parts: Sequence[GenerationStats]) -> GenerationStats:
-    """One record for several generations (the turns of a conversation): lists concatenated, times added."""
-    merged = GenerationStats()
-    for part in parts:
-        merged.accepted += part.accepted
-        merged.tree_depth += part.tree_depth
-        merged.tree_nodes += part.tree_nodes
-        merged.emitted += part.emitted
-        merged.sibling_outcomes += part.sibling_outcomes
-        merged.tree_parents += part.tree_parents
-        merged.draft_s += part.draft_s
-        merged.verify_s += part.verify_s
-        merged.other_s += part.other_s
-    return merged
-
-
 def depth_counts(stats: GenerationStats) -> list[list[int]]:
     """Entry ``d - 1`` is ``[reached, accepted]``: steps whose tree reached depth ``d`` having accepted ``d - 1``
     tokens, and how many of those accepted the depth-``d`` token too (the counts behind EAGLE's alpha_d)."""

@@ -16,9 +16,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from specprim._stats import GenerationStats
+from specprim._stats import GenerationStats, merge_stats
 from specprim._types import DraftRequest, DraftTree, TargetFeatures, Verdict, truncate_tree
-from specprim.bench._metrics import merge_stats
 from specprim.bench._prompts import Prompt, conversation_ids
 from specprim.hf import cache_kwarg, input_device, vocab_size
 from specprim.sampling import SamplingConfig

@@ -13,11 +13,11 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from specprim._stats import GenerationStats
+from specprim._stats import GenerationStats, merge_stats
 from specprim.bench._divergence import classify_divergence, first_difference
 from specprim.bench._memory import PeakMemory, extra_parameters, state_bytes
 from specprim.bench._methods import BASELINE, BenchMethod, Decoding
-from specprim.bench._metrics import MethodSummary, PromptRow, merge_stats, step_fields, summarize
+from specprim.bench._metrics import MethodSummary, PromptRow, step_fields, summarize
 from specprim.bench._predict import predict_method
 from specprim.bench._prompts import Prompt, conversation_ids
 from specprim.hf import input_device

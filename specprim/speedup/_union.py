@@ -86,7 +86,7 @@ def tune_lookup(
     tree). The target's greedy continuations (``max_new_tokens`` each) are recorded once, with the hidden states
     the drafter reads. Raises ``ValueError`` for no prompt, no length, or a negative length.
     """
-    from specprim.bench._metrics import merge_stats
+    from specprim._stats import merge_stats
     from specprim.bench._replay import greedy_continuation, record_greedy, replay
     from specprim.drafters import UnionDrafter
     from specprim.presets import prompt_lookup
