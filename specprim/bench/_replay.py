@@ -1,23 +1,23 @@
 """Counterfactual replay: record the target's greedy choices along a sequence once, then re-score drafters offline.
 
 Under greedy decoding the emitted sequence does not depend on the drafter, and a step accepts the longest draft
-path that matches it. So :func:`replay` runs ``speculative_generate``'s step loop with the recorded tokens in
-place of the target's forward: the drafter proposes a tree for the committed ids, the longest path matching
-the recorded continuation is accepted, the recorded next token is the bonus. Accepted lengths, tree shapes and
-tau equal a live greedy run's (checked in the tests); only draft time is spent, no target forward.
+path that matches it. So :func:`replay` runs ``speculative_generate``'s step (``speculative_step``) with the
+recording in place of the target's forward: the drafter proposes a tree for the committed ids, the longest path
+matching the recorded continuation is accepted, the recorded next token is the bonus. Accepted lengths, tree shapes
+and tau equal a live greedy run's (checked in the tests); only draft time is spent, no target forward.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
 from specprim._stats import GenerationStats, merge_stats
-from specprim._types import DraftRequest, DraftTree, TargetFeatures, Verdict, truncate_tree
+from specprim._step import Row, cut_at_stop, speculative_step, stop_token_ids
+from specprim._types import DraftTree, TargetFeatures, Verdict
 from specprim.bench._prompts import Prompt, conversation_ids
 from specprim.hf import cache_kwarg, input_device, vocab_size
 from specprim.sampling import SamplingConfig
@@ -79,25 +79,14 @@ def record_greedy(
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class ReplayOutput:
-    """``sequences`` (1, T + m) as a live greedy run would return them, the per-step ``stats`` (``verify_s``
-    is 0: no target runs), and ``exact``: ``False`` when a tree had to be cut shorter than a live run's because
-    the recording ended before the budget (only that step's counts may then differ)."""
+    """``sequences`` (1, T + m) as a live greedy run would return them, the per-step ``stats`` (``verify_s`` is
+    the time the recording takes to answer: no target runs), and ``exact``: ``False`` when a tree had to be cut
+    shorter than a live run's because the recording ended before the budget (only that step's counts may then
+    differ)."""
 
     sequences: torch.Tensor
     stats: GenerationStats
     exact: bool
-
-
-def _greedy_path(tree: DraftTree, truth: list[int]) -> list[int]:
-    """Node ids of the longest root path whose tokens equal ``truth``; the first matching sibling wins."""
-    path, node, tokens = [], -1, tree.tokens[0].tolist()
-    for token in truth:
-        child = next((c for c in tree.children[node + 1] if tokens[c] == token), None)
-        if child is None:
-            break
-        path.append(child)
-        node = child
-    return path
 
 
 def _features(recording: Recording, layers: tuple[int, ...], ids: torch.Tensor, start: int,
@@ -112,59 +101,76 @@ def _features(recording: Recording, layers: tuple[int, ...], ids: torch.Tensor, 
     return TargetFeatures(hidden_states=tuple(rows), token_ids=ids[:, start:end], start=start)
 
 
-def _stop_after(new: torch.Tensor, stop_ids: set[int]) -> tuple[torch.Tensor, bool]:
-    for i, token in enumerate(new.tolist()):
-        if token in stop_ids:
-            return new[: i + 1], True
-    return new, False
-
-
 def replay(
     recording: Recording, drafter: object, *, max_new_tokens: int | None = None,
     eos_token_id: int | Sequence[int] | None = None,
 ) -> ReplayOutput:
     """Run greedy speculative decoding of ``recording``'s prompt with ``drafter``, the recording as the target.
 
+    The steps are :func:`specprim.speculative_generate`'s (:func:`speculative_step`); the recording answers for the
+    target and for the greedy rule: a step accepts the longest draft path that follows the recorded tokens (the
+    first matching sibling wins, as :class:`Greedy` picks) and emits the recorded token after it, and the features
+    are the recorded ones at the positions of ``[root] + tree`` (right for every node on the recorded path, the
+    only ones a step commits). No target runs and no vocabulary-wide scores are built.
+
     ``max_new_tokens`` defaults to the recorded length; a larger budget is allowed when the generation stops at
-    ``eos_token_id`` within the recording, and raises ``ValueError`` when it would need unrecorded tokens.
-    Stops like :func:`specprim.speculative_generate`: at the budget or right after the first stop token.
+    ``eos_token_id`` within the recording (trees are then cut at the recording's end: ``exact`` is ``False``), and
+    raises ``ValueError`` when it would need unrecorded tokens. Stops like :func:`specprim.speculative_generate`: at
+    the budget or right after the first stop token.
     """
-    truth = recording.continuation.tolist()
-    budget = len(truth) if max_new_tokens is None else max_new_tokens
-    stop_ids = set() if eos_token_id is None else {eos_token_id} if isinstance(eos_token_id, int) else set(
-        eos_token_id)
+    truth = recording.continuation  # (n,)
+    budget = truth.numel() if max_new_tokens is None else max_new_tokens
     layers = tuple(getattr(drafter, "feature_layers", ()))
-    ids = recording.prompt
-    features = _features(recording, layers, ids, 0, ids.shape[1] - 1)
-    stats, generated, exact = GenerationStats(), 0, True
-    sampling = SamplingConfig(temperature=0.0)
-    while generated < budget:
-        if generated >= len(truth):
-            raise ValueError(f"the recording holds {len(truth)} tokens; the replay needs more (budget {budget})")
-        start = time.perf_counter()
-        remaining = budget - generated
-        request = DraftRequest(input_ids=ids, sampling=sampling, vocab_size=recording.vocab_size,
-                               max_depth=remaining - 1, step=stats.steps, features=features)
-        depth = min(remaining, len(truth) - generated) - 1
-        exact &= depth == remaining - 1
-        tree = truncate_tree(drafter.propose(request), depth)
-        drafted = time.perf_counter()
-        path = _greedy_path(tree, truth[generated:])
-        accepted, next_token = len(path), truth[generated + len(path)]
+    ids = recording.prompt  # (1, T)
+    row = Row(ids=ids, prompt_length=ids.shape[1], budget=min(budget, truth.numel()), drafter=drafter,
+              layers=layers, features=_features(recording, layers, ids, 0, ids.shape[1] - 1))
+    stop_ids = stop_token_ids(eos_token_id)
+    while row.remaining > 0 and not row.finished:
+        speculative_step(
+            [row], verify=lambda roots, trees: _recorded_features(recording, row, trees[0]),
+            commit=lambda verdicts: None, acceptance=_RecordedGreedy(recording, row),
+            sampling=SamplingConfig(temperature=0.0), vocab_size=recording.vocab_size, device=ids.device,
+            layers=layers, stop_ids=stop_ids,
+        )
+    stopped = row.stats.steps > 0 and bool(torch.isin(row.ids[0, -1:], stop_ids).any())
+    if budget > truth.numel() and not stopped:
+        raise ValueError(f"the recording holds {truth.numel()} tokens; the replay needs more (budget {budget})")
+    return ReplayOutput(sequences=row.ids, stats=row.stats, exact=budget <= truth.numel() or not row.stats.steps)
+
+
+def _recorded_features(recording: Recording, row: Row, tree: DraftTree
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The verification of ``[root] + tree`` after ``row.ids``, read from the recording: placeholder scores
+    (1, N + 1, 1) (the verdict comes from :class:`_RecordedGreedy`) and the recorded features (1, N + 1, H) at the
+    positions of the root and of every node's depth, for the row's layers."""
+    depths = torch.tensor([0, *tree.depth_list])  # (N + 1,) the root, then every node
+    positions = row.ids.shape[1] - 1 + depths  # (N + 1,)
+    hidden = tuple(recording.hidden_states[recording.layers.index(layer)][:, positions] for layer in row.layers)
+    return torch.zeros(1, depths.shape[0], 1), hidden
+
+
+@dataclasses.dataclass(frozen=True)
+class _RecordedGreedy:
+    """The greedy verdict of the recorded target on ``row``'s tree: the longest path whose tokens follow the
+    recording (the first matching sibling wins), then the recorded next token. ``p`` is not read."""
+
+    recording: Recording
+    row: Row
+
+    def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
+        generated = self.row.ids.shape[1] - self.row.prompt_length
+        truth = self.recording.continuation[generated:].tolist()
+        path, node, tokens = [], -1, tree.tokens[0].tolist()
+        for token in truth:
+            child = next((c for c in tree.children[node + 1] if tokens[c] == token), None)
+            if child is None:
+                break
+            path.append(child)
+            node = child
         padded = torch.full((1, tree.depth), -1, dtype=torch.long)
-        padded[0, :accepted] = torch.tensor(path, dtype=torch.long)
-        drafter.observe(Verdict(path=padded, num_accepted=torch.tensor([accepted]),
-                                next_token=torch.tensor([next_token])))
-        root = ids.shape[1] - 1
-        new, finished = _stop_after(torch.tensor(truth[generated: generated + accepted + 1]), stop_ids)
-        ids = torch.cat([ids, new[None]], dim=1)
-        features = _features(recording, layers, ids, root, root + accepted + 1)
-        generated += new.shape[0]
-        stats.record(accepted=accepted, tree_depth=tree.depth, tree_nodes=tree.num_nodes, emitted=new.shape[0],
-                     draft_s=drafted - start, verify_s=0.0, total_s=time.perf_counter() - start)
-        if finished:
-            break
-    return ReplayOutput(sequences=ids, stats=stats, exact=exact)
+        padded[0, : len(path)] = torch.tensor(path, dtype=torch.long)
+        return Verdict(path=padded, num_accepted=torch.tensor([len(path)]),
+                       next_token=torch.tensor([truth[len(path)]]))
 
 
 @torch.no_grad()
@@ -205,7 +211,7 @@ def record_prompts(
             ids = conversation_ids(tokenizer, prompt.turns, answers)  # (1, T)
             out = greedy_continuation(target, ids, max_new_tokens)
             recordings.append(record_greedy(target, out, ids.shape[1], layers))
-            answer, _ = _stop_after(out[0, ids.shape[1]:].cpu(), set() if eos is None else {eos})
+            answer, _ = cut_at_stop(out[0, ids.shape[1]:].cpu(), stop_token_ids(eos))
             answers.append(tokenizer.decode(answer, skip_special_tokens=True))
     return recordings
 
