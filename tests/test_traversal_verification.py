@@ -57,17 +57,19 @@ class KeepsTheWeight(TraversalVerification):
     """(a) After a rejection the parent keeps its weight ``w`` (its target renormalised to mass ``w``) instead of
     ``s / (1 - w + s)``: forgets that the rejection itself carried information."""
 
-    def _after_rejection(self, mass, weight, proposal):
-        new_mass, _ = super()._after_rejection(mass, weight, proposal)
-        total = new_mass.sum(dim=1, keepdim=True)
-        return new_mass * weight.unsqueeze(1) / torch.where(total > 0, total, torch.ones_like(total)), weight
+    def _after_rejection(self, base, scale, weight, rows, factor):
+        new_base, _, _ = super()._after_rejection(base, scale, weight, rows, factor)
+        total = new_base.sum(dim=1)
+        return new_base, weight / torch.where(total > 0, total, torch.ones_like(total)), weight
 
 
-class IidProposalForDistinctDrafts(TraversalVerification):
-    """(b) Treats drafts without replacement as iid: the later siblings' proposal keeps the earlier tokens."""
+class UnnormalisedProposal(TraversalVerification):
+    """(b) Drafts without replacement: the later siblings' proposal is the parent's ``q`` row without the earlier
+    tokens, but not renormalised (the bug `assert_lossless` was tuned to catch)."""
 
-    def _proposal(self, sampling, left, token, like):
-        return super()._proposal("iid" if sampling == "without_replacement" else sampling, left, token, like)
+    def _proposal(self, sampling, left, total, token):
+        rows, factor = super()._proposal(sampling, left, total, token)
+        return rows, torch.ones_like(factor)
 
 
 def check(rule: AcceptanceRule, parents: list[int], sampling: str, **kwargs: object) -> LosslessReport:
@@ -102,9 +104,9 @@ def test_rejects_keeping_the_weight_after_a_rejection() -> None:
     print(info.value)
 
 
-def test_rejects_an_iid_proposal_for_drafts_without_replacement() -> None:
+def test_rejects_an_unnormalised_proposal_for_drafts_without_replacement() -> None:
     with pytest.raises(AssertionError, match="not lossless") as info:
-        check(IidProposalForDistinctDrafts(), SHAPES["root-3"], "without_replacement", draft_noise=1.0)
+        check(UnnormalisedProposal(), SHAPES["root-3"], "without_replacement", draft_noise=1.0)
     print(info.value)
     check(TraversalVerification(), SHAPES["root-3"], "without_replacement", draft_noise=1.0)  # the rule passes
 

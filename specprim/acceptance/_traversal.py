@@ -71,58 +71,69 @@ class TraversalVerification:
         tables = TreeTables.of(tree, p.device)
         batch, num_nodes = tree.tokens.shape  # B, N
         sampling = "deterministic" if tree.q is None else tree.sampling
-        q = None if tree.q is None else tree.q.to(p.dtype)
+        q = p if tree.q is None else tree.q.to(p.dtype)  # (B, N + 1, V); unread for deterministic drafts
+        totals = q.sum(dim=2) if sampling == "without_replacement" else torch.ones_like(q[:, :, 0])  # (B, N + 1)
         uniforms = torch.rand(batch, num_nodes, generator=generator, device=p.device, dtype=p.dtype)  # (B, N)
-        mass = [p[:, 0]]  # per depth on the current branch: (B, V) m of the node there (0: the root)
-        weight = [torch.ones_like(p[:, 0, 0])]  # per depth: (B,) w, the mass of m
-        left = [None if q is None else q[:, 0]]  # per depth: (B, V) q row of that node's children, minus drawn ones
-        proposals: list[torch.Tensor] = []  # per depth - 1: (B, V) q_c of the node entered at that depth
+        # Per depth on the current branch (0: the root): m = scale * base, (B,) scale, (B, V) base; its mass w (B,);
+        # the q row its children were drawn from (B, V), without the drawn ones for drafts without replacement, and
+        # that row's mass (B,). A node's base is a view of its p row until a child of it is rejected.
+        base, scale, weight = [p[:, 0]], [torch.ones_like(p[:, 0, 0])], [torch.ones_like(p[:, 0, 0])]
+        left, total = [q[:, 0]], [totals[:, 0]]
         end = torch.full((batch,), -1, dtype=torch.long, device=p.device)  # (B,) accepted node, -1: the root
         final = p[:, 0]  # (B, V) what next_token is drawn from (unnormalised)
         done = torch.zeros(batch, dtype=torch.bool, device=p.device)  # (B,) rows that accepted a node
         for node, depth, entering in _post_order(tuple(tree.parent_list)):
             token = tree.tokens[:, node : node + 1]  # (B, 1)
+            up = depth - 1  # the parent's slot
             if entering:
-                proposal = self._proposal(sampling, left[depth - 1], token, p[:, 0])  # (B, V) q_c
-                q_x = proposal.gather(1, token).squeeze(1)  # (B,)
-                w = self._child_weight(mass[depth - 1].gather(1, token).squeeze(1), q_x)  # (B,)
-                del mass[depth:], weight[depth:], left[depth:], proposals[depth - 1 :]
-                mass.append(w.unsqueeze(1) * p[:, node + 1])
+                rows, inverse = self._proposal(sampling, left[up], total[up], token)  # q_c = rows * inverse
+                q_x = rows.gather(1, token).squeeze(1) * inverse  # (B,)
+                w = self._child_weight(scale[up] * base[up].gather(1, token).squeeze(1), q_x)  # (B,)
+                for state in (base, scale, weight, left, total):
+                    del state[depth:]
+                base.append(p[:, node + 1])
+                scale.append(w)
                 weight.append(w)
-                left.append(None if q is None else q[:, node + 1])
-                proposals.append(proposal)
+                left.append(q[:, node + 1])
+                total.append(totals[:, node + 1])
                 continue
             accept = ~done & (uniforms[:, node] < weight[depth])  # (B,)
-            end = torch.where(accept, node, end)
-            final = torch.where(accept.unsqueeze(1), mass[depth], final)
-            done = done | accept
-            if _all(done):
-                break
-            proposal = proposals[depth - 1]  # (B, V) the q_c this node was entered with
-            reject = ~done & (proposal.gather(1, token).squeeze(1) > 0)  # zero-q siblings are skipped
-            new_mass, new_weight = self._after_rejection(mass[depth - 1], weight[depth - 1], proposal)
-            mass[depth - 1] = torch.where(reject.unsqueeze(1), new_mass, mass[depth - 1])
-            weight[depth - 1] = torch.where(reject, new_weight, weight[depth - 1])
+            if _maybe_any(accept):
+                end = torch.where(accept, node, end)
+                final = torch.where(accept.unsqueeze(1), base[depth], final)  # scale > 0 where accepted
+                done = done | accept
+                if _all(done):
+                    break
+            rows, inverse = self._proposal(sampling, left[up], total[up], token)
+            reject = ~done & (rows.gather(1, token).squeeze(1) > 0)  # zero-q siblings are skipped
+            if _maybe_any(reject):
+                after = self._after_rejection(base[up], scale[up], weight[up], rows, inverse)
+                before = (base[up], scale[up], weight[up])
+                if not _all(reject):
+                    after = tuple(_where(reject, new, old) for new, old in zip(after, before, strict=True))
+                base[up], scale[up], weight[up] = after
             if sampling == "without_replacement":  # later siblings were drawn without this token
-                left[depth - 1] = left[depth - 1].scatter(1, token, 0.0)
-        final = torch.where(done.unsqueeze(1), final, mass[0])  # (B, V) rows that accepted nothing: the root's m
+                total[up] = total[up] - left[up].gather(1, token).squeeze(1)
+                left[up] = left[up].scatter(1, token, 0.0)
+        final = torch.where(done.unsqueeze(1), final, base[0])  # (B, V) rows that accepted nothing: the root's m
         final = torch.where(final.sum(dim=1, keepdim=True) > 0, final, p[torch.arange(batch, device=p.device), end + 1])
         return verdict_at(end, sample(final, generator), tables)
 
     def _proposal(
-        self, sampling: Sampling, left: torch.Tensor | None, token: torch.Tensor, like: torch.Tensor
-    ) -> torch.Tensor:
-        """The distribution a sibling's token (B, 1) was drawn from given the earlier siblings -> (B, V).
+        self, sampling: Sampling, left: torch.Tensor, total: torch.Tensor, token: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distribution ``q_c`` a sibling's token (B, 1) was drawn from given the earlier siblings, as (B, V)
+        rows and (B,) factors (``q_c = rows * factor``, so the (B, V) division is never done).
 
-        ``left`` (B, V) is the parent's ``q`` row with the earlier siblings' tokens zeroed for
-        ``"without_replacement"`` (the row itself for ``"iid"``; ``None`` for deterministic drafts); ``like`` gives
-        the shape and dtype of a one-hot row."""
-        if sampling == "deterministic" or left is None:
-            return torch.zeros_like(like).scatter_(1, token, 1.0)
+        ``left`` (B, V) is the parent's ``q`` row (for ``"without_replacement"`` without the earlier siblings' tokens)
+        and ``total`` (B,) its mass: ``"iid"``: ``(left, 1)``; ``"without_replacement"``: ``(left, 1 / total)``;
+        ``"deterministic"``: ``(one_hot(token), 1)``."""
+        ones = torch.ones_like(total)
+        if sampling == "deterministic":
+            return torch.zeros_like(left).scatter_(1, token, 1.0), ones
         if sampling == "iid":
-            return left
-        total = left.sum(dim=1, keepdim=True)  # (B, 1)
-        return left / torch.where(total > 0, total, torch.ones_like(total))
+            return left, ones
+        return left, 1.0 / torch.where(total > 0, total, ones)
 
     def _child_weight(self, m_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
         """(B,) ``m_a(x)``, (B,) ``q_c(x)`` -> (B,) ``w_c = min(1, m_a(x) / q_c(x))``, 0 where ``q_c(x) == 0``."""
@@ -130,19 +141,31 @@ class TraversalVerification:
         return torch.where(q_x > 0, (m_x / safe).clamp(max=1.0), torch.zeros_like(m_x))
 
     def _after_rejection(
-        self, mass: torch.Tensor, weight: torch.Tensor, proposal: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The parent's (B, V) ``m_a`` and (B,) ``w_a`` after rejecting a child drawn from ``proposal`` (B, V):
-        ``max(0, m_a - q_c) / (s + 1 - w_a)`` and ``s / (s + 1 - w_a)``. A zero denominator (``w_a = 1`` and
-        ``m_a == q_c``: the rejection had probability 0) keeps the parent as it was."""
-        diff = (mass - proposal).clamp_min(0.0)  # (B, V)
+        self, base: torch.Tensor, scale: torch.Tensor, weight: torch.Tensor, rows: torch.Tensor, factor: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The parent's ``m_a = scale * base`` (B,) (B, V) of mass ``w_a`` (B,) after rejecting a child drawn from
+        ``q_c = rows * factor`` (B, V) (B,) -> its new ``(base, scale, w_a)``: ``m_a <- max(0, m_a - q_c) / (s + 1 -
+        w_a)`` and ``w_a <- s / (s + 1 - w_a)``, with ``s = sum(max(0, m_a - q_c))``. A zero denominator (``w_a = 1``
+        and ``m_a == q_c``: the rejection had probability 0) leaves the parent as it was."""
+        diff = torch.addcmul(base * scale.unsqueeze(1), rows, -factor.unsqueeze(1)).clamp_min_(0.0)  # (B, V)
         excess = diff.sum(dim=1)  # (B,) s
         denominator = excess + (1.0 - weight)
         positive = denominator > 0
         safe = torch.where(positive, denominator, torch.ones_like(denominator))
-        new_mass = torch.where(positive.unsqueeze(1), diff / safe.unsqueeze(1), mass)
+        new_base = diff if _all(positive) else torch.where(positive.unsqueeze(1), diff, base)
+        new_scale = torch.where(positive, 1.0 / safe, scale)
         new_weight = torch.where(positive, (excess / safe).clamp(0.0, 1.0), weight)
-        return new_mass, new_weight
+        return new_base, new_scale, new_weight
+
+
+def _where(condition: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """Per row (B,): ``new`` where ``condition``, else ``old`` (both (B,) or (B, V))."""
+    return torch.where(condition.view(-1, *([1] * (new.dim() - 1))), new, old)
+
+
+def _maybe_any(mask: torch.Tensor) -> bool:
+    """``mask.any()`` on the CPU, where reading it is free; ``True`` elsewhere (no host sync on accelerators)."""
+    return mask.device.type != "cpu" or bool(mask.any())
 
 
 def _all(mask: torch.Tensor) -> bool:
