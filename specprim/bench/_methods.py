@@ -21,8 +21,7 @@ from transformers import CompileConfig
 from specprim import presets
 from specprim._stats import GenerationStats
 from specprim.acceptance import RULES
-from specprim.hf import StaticTarget, input_device
-from specprim.hf._static_target import CACHE_ROUNDING
+from specprim.hf import CACHE_ROUNDING, StaticTarget, input_device
 from specprim.models import eager_forward, is_compiled, is_packed, stock_kernels
 
 BASELINE = "hf"

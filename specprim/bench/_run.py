@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from specprim import models, presets
-from specprim._loop import check_decodes
+from specprim import check_decodes, models, presets
 from specprim._names import AUTO
 from specprim.bench._datasets import load_dataset
 from specprim.bench._env import environment, load_average
@@ -23,8 +22,7 @@ from specprim.bench._report import heading
 from specprim.bench._results import BenchResults
 from specprim.bench._runner import SEED_STRIDE, measure
 from specprim.drafters import Datastore, static_drafting
-from specprim.hf import StaticTarget, check_tokenizers_compatible, input_device
-from specprim.hf._static_target import QUERY_BUCKETS
+from specprim.hf import QUERY_BUCKETS, StaticTarget, check_tokenizers_compatible, input_device
 from specprim.models import is_packed
 from specprim.recipes import Recipe, auto
 from specprim.sampling import SamplingConfig

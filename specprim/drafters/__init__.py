@@ -20,7 +20,7 @@ from specprim.drafters._speculators import export_speculators, import_speculator
 from specprim.drafters._static import static_drafting
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
-from specprim.drafters._vocab import count_tokens, draft_vocab
+from specprim.drafters._vocab import check_d2t, count_tokens, draft_vocab, scatter_to_target, target_to_draft
 
 __all__ = [
     "Datastore",

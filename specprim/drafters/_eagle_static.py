@@ -11,17 +11,21 @@ from transformers import StaticCache
 from specprim._types import DraftRequest
 from specprim.drafters._eagle_draft import EagleDraftModel
 from specprim.drafters._eagle_head import EagleHead
-from specprim.hf._aot_forward import CachedForward, aot_applies, package_key, weights_fingerprint
-from specprim.hf._static_target import (
+from specprim.hf import (
     QUERY_BUCKETS,
+    CachedForward,
     WarmShapes,
+    aot_applies,
+    attends_windowed,
     compiled_forward_settings,
     grown_cache,
+    package_key,
     padded_mask,
     query_bucket,
+    weights_fingerprint,
+    windowed_attention,
     write_from,
 )
-from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 from specprim.masks import additive_mask, tree_extension_mask
 
 __all__ = ["StaticEagleDraftModel"]

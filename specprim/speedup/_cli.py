@@ -46,7 +46,7 @@ def _lengths(text: str) -> tuple[int, ...]:
 
 def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``tune`` sub-command to ``specprim``'s sub-parsers and return its parser."""
-    from specprim.bench._datasets import DATASETS
+    from specprim.bench import DATASETS
 
     tune = commands.add_parser(
         "tune", help="choose the draft tree for this machine from measured costs and acceptance",
@@ -76,8 +76,7 @@ def add_tune_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentPa
 def tune_command(args: argparse.Namespace) -> int:
     check_tune(args)
     from specprim import presets
-    from specprim.bench._datasets import load_dataset
-    from specprim.bench._prompts import conversation_ids
+    from specprim.bench import conversation_ids, load_dataset
     from specprim.hf import StaticTarget
     from specprim.recipes import load_draft, load_target
     from specprim.speedup._tune import tune

@@ -170,7 +170,7 @@ def measure_costs(
     costs are measured. For a :class:`specprim.hf.StaticTarget` the model is ``padded``: pass ``sizes`` from
     :func:`padded_sizes`.
     """
-    from specprim._loop import speculative_generate  # the loop imports this package for its records
+    from specprim import speculative_generate
     from specprim.acceptance import Greedy
 
     padded = isinstance(target, StaticTarget)

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 from specprim._lazy import lazy_imports
 
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
+    from specprim.train._campaign_cli import add_campaign_parser
+    from specprim.train._cli import add_train_parser
     from specprim.train._data import (
         Example,
         load_conversations,

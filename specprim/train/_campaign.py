@@ -311,7 +311,7 @@ def benchmark_shingles(names: Sequence[str]) -> set[str]:
     """Every run of 8 consecutive words in the questions (all turns) of the built-in benchmark datasets ``names``."""
     if not names:
         return set()
-    from specprim.bench._datasets import load_dataset
+    from specprim.bench import load_dataset
 
     out: set[str] = set()
     for name in names:
@@ -572,7 +572,7 @@ class _Runner:
             record = json.loads((head_path(self.head.init_from) / "config.json").read_text())
             num_layers = int(record["config"]["target_num_layers"])
             return tuple(sorted({layer % (num_layers + 1) for layer in record["config"]["feature_layers"]}))
-        from specprim.drafters._eagle_head import default_feature_layers
+        from specprim.drafters import default_feature_layers
 
         return default_feature_layers(3, int(self.target.config.get_text_config().num_hidden_layers))
 

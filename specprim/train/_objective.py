@@ -16,8 +16,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from specprim.drafters import EagleHead, MTPHead
-from specprim.drafters._vocab import target_to_draft
+from specprim.drafters import EagleHead, MTPHead, target_to_draft
 from specprim.masks import additive_mask
 from specprim.train._features import FeatureBatch, _normalise_layers
 from specprim.train._losses import greedy_accuracy, greedy_hits, soft_cross_entropy

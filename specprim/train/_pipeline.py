@@ -18,9 +18,7 @@ from typing import Any, Literal
 import torch
 
 from specprim._names import TRAIN_KINDS
-from specprim.drafters import EagleHead, MedusaHeads, MTPHead
-from specprim.drafters._eagle_head import default_feature_layers
-from specprim.drafters._vocab import count_tokens
+from specprim.drafters import EagleHead, MedusaHeads, MTPHead, count_tokens, default_feature_layers
 from specprim.train._data import load_conversations, render_all
 from specprim.train._distill import self_distill
 from specprim.train._features import MANIFEST, FeatureDataset, build_feature_cache, check_shard
