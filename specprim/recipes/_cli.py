@@ -63,7 +63,8 @@ _OPTIONS: dict[str, tuple[str, dict[str, Any]]] = {
                                             "(smollm2-135m-instruct-answers; sharegpt, built on first use) or a "
                                             "file written by Datastore.save")),
     "--acceptance": ("acceptance", dict(type=_acceptance_rule,
-                                        help="acceptance rule: speculative (default), greedy, typical (lossy)")),
+                                        help="acceptance rule: speculative (default), greedy, typical (lossy), "
+                                             "block (chains), traversal (trees)")),
     "--warmup-tokens": ("warmup_tokens", dict(type=int, help="tokens generated before timing (compiles first)")),
 }
 

@@ -57,8 +57,9 @@ class Recipe:
         tree: a tree spec (:func:`specprim.trees.parse_tree`) replacing the presets' shapes.
         max_nodes: cap a union's merged tree at this many nodes.
         datastores: the corpora of a ``datastore`` part (shipped names or files), searched as one.
-        acceptance: ``speculative`` (lossless, the default), ``greedy`` (lossless, greedy decoding only) or
-            ``typical`` (lossy).
+        acceptance: ``speculative`` (lossless, the default), ``greedy`` (lossless, greedy decoding only),
+            ``block`` (lossless block verification, chain drafters only), ``traversal`` (lossless traversal
+            verification of trees) or ``typical`` (lossy).
         warmup_tokens: tokens generated before timing, so every compiled shape is built first.
     """
 
