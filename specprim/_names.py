@@ -10,7 +10,8 @@ from __future__ import annotations
 AUTO = "auto"
 """The method that runs the recipe tuned for the target (:func:`specprim.recipes.auto`)."""
 
-METHODS: tuple[str, ...] = ("leviathan", "prompt-lookup", "datastore", "early-exit", "medusa", "eagle", "eagle3", "mtp")
+METHODS: tuple[str, ...] = ("leviathan", "prompt-lookup", "datastore", "suffix", "early-exit", "medusa", "eagle",
+                            "eagle3", "mtp")
 """The presets' names (:data:`specprim.presets.NAMES`)."""
 
 BENCH_BASELINES: tuple[str, ...] = ("hf", "hf-unpacked", "hf-eager", "hf-static", "hf-prompt-lookup", "hf-assisted",

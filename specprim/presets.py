@@ -32,6 +32,7 @@ from specprim.drafters import (
     MTPDraftModel,
     MTPHead,
     PromptLookup,
+    SuffixDecoding,
     TreeDrafter,
     UnionDrafter,
     eagle_drafter,
@@ -91,6 +92,13 @@ def datastore(store: Datastore, num_tokens: int = 4, num_nodes: int = 4) -> Meth
     """Retrieval drafting (REST): the ``num_nodes`` most frequent continuation prefixes (at most ``num_tokens``
     deep) of the context's longest suffix found in ``store`` (:class:`specprim.drafters.DatastoreLookup`)."""
     return Method(DatastoreLookup(datastore=store, num_tokens=num_tokens, num_nodes=num_nodes), SpeculativeSampling())
+
+
+def suffix(max_tokens: int = 16, alpha: float = 1.0, max_stored: int = 65536) -> Method:
+    """Suffix decoding (SuffixDecoding): frequency-scored trees of up to ``min(max_tokens, alpha * match length)``
+    nodes from the longest suffix match in the request and in this drafter's earlier outputs (at most ``max_stored``
+    tokens kept; :class:`specprim.drafters.SuffixDecoding`)."""
+    return Method(SuffixDecoding(max_tokens=max_tokens, alpha=alpha, max_stored=max_stored), SpeculativeSampling())
 
 
 def early_exit(target: torch.nn.Module, exit_layer: int, k: int = 4, tree: TreeBuilder | None = None) -> Method:
@@ -249,6 +257,7 @@ _BY_NAME: dict[str, Callable[[_Options], Method]] = {
     "leviathan": lambda o: leviathan(o.require_draft("leviathan"), k=o.length(4), draft_vocab_size=o.draft_vocab_size),
     "prompt-lookup": lambda o: prompt_lookup(num_tokens=o.length(8)),
     "datastore": lambda o: datastore(o.require_datastore("datastore"), num_tokens=o.length(4)),
+    "suffix": lambda o: suffix(max_tokens=o.length(16)),
     "early-exit": _early_exit_by_name,
     "medusa": lambda o: medusa(o.require_head("medusa", MedusaHeads)),
     "eagle": lambda o: eagle(o.require_head("eagle", EagleHead)),

@@ -18,6 +18,7 @@ from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
 from specprim.drafters._prompt_lookup import PromptLookup
 from specprim.drafters._speculators import export_speculators, import_speculators
 from specprim.drafters._static import static_drafting
+from specprim.drafters._suffix import SuffixDecoding  # importable; not in __all__ (the public-name budget is full)
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
 from specprim.drafters._vocab import check_d2t, count_tokens, draft_vocab, scatter_to_target, target_to_draft

@@ -271,7 +271,8 @@ class DatastoreLookup:
         if length > 0:
             _, starts = self.datastore.matches(ids[0, -self.datastore.max_ngram:].tolist(), self.max_samples)
             if starts.size:
-                tokens, parents = _frequent_prefix_tree(self.datastore.continuations(starts, length), self.num_nodes)
+                tokens, parents, _ = frequent_prefix_tree(self.datastore.continuations(starts, length),
+                                                          self.num_nodes)
         return DraftTree(
             tokens=torch.tensor(tokens, dtype=torch.long, device=ids.device).reshape(1, len(tokens)),
             parents=torch.tensor(parents, dtype=torch.long).reshape(len(parents)),
@@ -282,8 +283,10 @@ class DatastoreLookup:
         """Stateless: the datastore does not change while decoding."""
 
 
-def _frequent_prefix_tree(spans: np.ndarray, budget: int) -> tuple[list[int], list[int]]:
-    """(C, L) continuations (``-1`` past a sequence's end) -> the trie of the ``budget`` most frequent prefixes.
+def frequent_prefix_tree(spans: np.ndarray, budget: int) -> tuple[list[int], list[int], list[int]]:
+    """(C, L) continuations (``-1`` past a sequence's end) -> the trie of the ``budget`` most frequent prefixes:
+    its tokens, parents and counts (how many of the ``C`` rows start with each node's prefix; never above the
+    parent's).
 
     Order: count descending, then depth, then the first row holding the prefix; parents therefore come first.
     Prefixes are grouped exactly, depth by depth: a prefix is (its parent prefix's id, its last token).
@@ -308,9 +311,9 @@ def _frequent_prefix_tree(spans: np.ndarray, budget: int) -> tuple[list[int], li
         first.append(live[first_live])
         group[live] = offset + inverse.reshape(-1)
     if not count:
-        return [], []
+        return [], [], []
     parent_all, token_all = np.concatenate(parent), np.concatenate(token)
     order = np.lexsort((np.concatenate(first), np.concatenate(depth), -np.concatenate(count)))[:budget]
     node_of = {int(c): i for i, c in enumerate(order.tolist())}
     parents = [-1 if parent_all[c] < 0 else node_of[int(parent_all[c])] for c in order.tolist()]
-    return token_all[order].tolist(), parents
+    return token_all[order].tolist(), parents, np.concatenate(count)[order].tolist()

@@ -73,7 +73,7 @@ class PromptLookup:
         """(T,) committed ids -> up to ``max_matches`` distinct continuations (each ``<= length`` tokens) of
         the most recent positions with the longest match, most recent first."""
         total = ids.shape[0]
-        lengths = self._match_lengths(ids)  # (T,)
+        lengths = match_lengths(ids, self.max_ngram)  # (T,)
         best = int(lengths.max()) if total else 0
         if best < self.min_ngram:
             return []
@@ -82,16 +82,16 @@ class PromptLookup:
         spans = torch.where(index < total, ids[index.clamp(max=total - 1)], -1)  # (C, length), -1 past the end
         return _first_distinct_rows(spans, self.max_matches).tolist()
 
-    def _match_lengths(self, ids: torch.Tensor) -> torch.Tensor:
-        """(T,) ids -> (T,) long: for each start ``e``, how many tokens before ``e`` (at most ``max_ngram``) equal
-        the last committed tokens, i.e. the longest ``n`` with ``ids[e - n : e] == ids[T - n :]`` (0 for ``e = 0``).
-        """
-        n, total = self.max_ngram, ids.shape[0]
-        padded = torch.cat([ids.new_full((n,), -1), ids[: total - 1]])  # (n + T - 1,)
-        windows = padded.unfold(0, n, 1)  # (T, n): windows[e] = ids[e - n : e], -1 before the start
-        query = torch.cat([ids.new_full((max(0, n - total),), -2), ids[max(0, total - n) :]])  # (n,)
-        same = (windows == query).flip(1).long()  # (T, n): column j compares the j-th token back
-        return same.cumprod(1).sum(1)  # (T,)
+
+def match_lengths(ids: torch.Tensor, max_ngram: int) -> torch.Tensor:
+    """(T,) ids -> (T,) long: for each start ``e``, how many tokens before ``e`` (at most ``max_ngram``) equal the
+    last committed tokens, i.e. the longest ``n`` with ``ids[e - n : e] == ids[T - n :]`` (0 for ``e = 0``)."""
+    n, total = max_ngram, ids.shape[0]
+    padded = torch.cat([ids.new_full((n,), -1), ids[: total - 1]])  # (n + T - 1,)
+    windows = padded.unfold(0, n, 1)  # (T, n): windows[e] = ids[e - n : e], -1 before the start
+    query = torch.cat([ids.new_full((max(0, n - total),), -2), ids[max(0, total - n) :]])  # (n,)
+    same = (windows == query).flip(1).long()  # (T, n): column j compares the j-th token back
+    return same.cumprod(1).sum(1)  # (T,)
 
 
 def _first_distinct_rows(rows: torch.Tensor, limit: int) -> torch.Tensor:
