@@ -63,8 +63,7 @@ def test_an_unknown_model_without_network_fails_at_once_naming_the_known_models(
 def test_a_hub_id_passes_the_check_when_cached_or_when_the_hub_answers(monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    from specprim._usage import check_model
-    from specprim.models import _hub
+    from specprim.models import _hub, check_model
 
     snapshot = tmp_path / "models--org--tiny" / "snapshots" / "abc"
     snapshot.mkdir(parents=True)

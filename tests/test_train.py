@@ -12,6 +12,8 @@ from safetensors.torch import load_file
 from specprim import speculative_generate
 from specprim.acceptance import Greedy
 from specprim.drafters import EagleDraftModel, EagleHead, eagle_drafter
+from specprim.models import _corpora as data_module
+from specprim.models import iter_json_array
 from specprim.train import (
     EagleObjective,
     Example,
@@ -23,8 +25,6 @@ from specprim.train import (
     train,
     unrolled_mask,
 )
-from specprim.train import _data as data_module
-from specprim.train._data import iter_json_array
 from specprim.train._trainer import STATE_NAME
 from specprim.trees import Chain
 

@@ -8,8 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from specprim._names import AUTO, BENCH_BASELINES, METHODS, drafts_with_a_draft_model, is_name, uses_datastore
-from specprim._usage import UsageError, as_usage_error, at_least, check_decoding, check_file, check_model
+from specprim._usage import UsageError, as_usage_error, at_least, check_decoding, check_file
 from specprim.bench._datasets import DATASETS
+from specprim.models import check_model
 from specprim.recipes import add_recipe_arguments, check_recipe_sources, given_fields
 
 _REQUIRED = ("target", "method", "max_new_tokens")

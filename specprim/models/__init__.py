@@ -13,9 +13,17 @@ from specprim._lazy import lazy_imports
 
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
     from specprim.models._compile import compile_forward, eager_forward, is_compiled
+    from specprim.models._corpora import (
+        SHAREGPT_REQUIREMENT,
+        Conversation,
+        iter_json_array,
+        read_jsonl_conversations,
+        sharegpt_conversations,
+    )
     from specprim.models._datastores import datastore_path, known_datastores, load_datastore, read_texts
     from specprim.models._fetch import ModelFetchError, assemble_gguf, check_gguf, download_wheel
     from specprim.models._heads import head_info, head_path, known_heads, load_head, shipped_head
+    from specprim.models._hub import check_model
     from specprim.models._load import (
         ensure_cached,
         gguf_path,

@@ -28,7 +28,7 @@ DATASTORES_DIR = Path(__file__).parent / "datastores"
 
 
 def _sharegpt_answers() -> list[str]:
-    from specprim.train import sharegpt_conversations
+    from specprim.models._corpora import sharegpt_conversations
 
     return [m["content"] for c in sharegpt_conversations() for m in c if m["role"] == "assistant"]
 

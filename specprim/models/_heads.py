@@ -69,8 +69,7 @@ def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     too: the same outputs (bit for bit per layer), drafted faster on CPU; such a head is for inference (packing
     copies the weights once, so training it would not change its outputs).
     """
-    from specprim.drafters import EagleHead, MedusaHeads, MTPHead
-    from specprim.drafters._checkpoint import read_head_config
+    from specprim.drafters import EagleHead, MedusaHeads, MTPHead, read_head_config
     from specprim.models._pack import pack_like
 
     directory = head_path(name_or_path)

@@ -4,8 +4,13 @@ cache, or the hub answers. Imports neither torch nor transformers: the command l
 from __future__ import annotations
 
 import functools
+import os
 import socket
 import urllib.parse
+from pathlib import Path
+
+from specprim._usage import UsageError
+from specprim.models._registry import KNOWN_MODELS
 
 
 @functools.cache
@@ -33,3 +38,19 @@ def in_hub_cache(repo_id: str) -> bool:
         return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
     except ValueError:  # not a valid hub id
         return False
+
+
+def check_model(option: str, name_or_path: str | None) -> None:
+    """Refuse a model that none of the loaders can find: a known name, an existing directory, a model in the local
+    Hugging Face cache and, when the hub can be reached, any other hub id (whether it is there, loading says) pass;
+    a path (absolute, or starting with ``.`` or ``~``) must be a directory."""
+    if name_or_path is None or name_or_path in KNOWN_MODELS or Path(name_or_path).expanduser().is_dir():
+        return
+    known = ", ".join(KNOWN_MODELS)
+    if os.path.isabs(name_or_path) or name_or_path.startswith((".", "~")):
+        raise UsageError(f"{option} {name_or_path}: no such directory (a model is a known name ({known}), a local "
+                         "directory or a hub id)")
+    if not (in_hub_cache(name_or_path) or hub_reachable()):
+        raise UsageError(f"{option} {name_or_path}: not a known model ({known}), a local directory or a model in the "
+                         "Hugging Face cache, and the hub cannot be reached to look it up (no network, or "
+                         "HF_HUB_OFFLINE=1)")

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from specprim import models
 from specprim._names import DTYPES, QUANTIZE_SCHEMES, TREE_SPEC_HELP, VERIFIERS
-from specprim._usage import as_usage_error, check_model
+from specprim._usage import as_usage_error
+from specprim.models import check_model
 
 if TYPE_CHECKING:
     from specprim.recipes._recipe import Recipe

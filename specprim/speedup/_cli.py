@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from specprim._names import METHODS, is_name
-from specprim._usage import as_usage_error, at_least, check_model
+from specprim._usage import as_usage_error, at_least
+from specprim.models import check_model
 from specprim.recipes import add_recipe_arguments, check_recipe_sources, given_fields, recipe_from_args
 from specprim.speedup._union import LOOKUP_LENGTHS
 

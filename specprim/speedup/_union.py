@@ -87,7 +87,7 @@ def tune_lookup(
     the drafter reads. Raises ``ValueError`` for no prompt, no length, or a negative length.
     """
     from specprim._stats import merge_stats
-    from specprim.bench._replay import greedy_continuation, record_greedy, replay
+    from specprim.bench import greedy_continuation, record_greedy, replay
     from specprim.drafters import UnionDrafter
     from specprim.presets import prompt_lookup
 

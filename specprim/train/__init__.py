@@ -12,15 +12,14 @@ from typing import TYPE_CHECKING
 from specprim._lazy import lazy_imports
 
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
+    from specprim.models import read_jsonl_conversations, sharegpt_conversations
     from specprim.train._campaign_cli import add_campaign_parser
     from specprim.train._cli import add_train_parser
     from specprim.train._data import (
         Example,
         load_conversations,
-        read_jsonl_conversations,
         render,
         render_all,
-        sharegpt_conversations,
     )
     from specprim.train._distill import self_distill
     from specprim.train._features import FeatureBatch, FeatureDataset, build_feature_cache
@@ -32,7 +31,6 @@ if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
     from specprim.train._trainer import TrainConfig, train
 
 __all__ = [
-    "KINDS",
     "DataConfig",
     "DistillObjective",
     "EagleObjective",
@@ -48,7 +46,6 @@ __all__ = [
     "load_conversations",
     "self_distill",
     "sharegpt_conversations",
-    "soft_cross_entropy",
     "train",
     "train_drafter",
     "unrolled_mask",

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specprim import models
-from specprim._usage import UsageError, as_usage_error, at_least, check_file, check_model
+from specprim._usage import UsageError, as_usage_error, at_least, check_file
+from specprim.models import check_model
 
 if TYPE_CHECKING:
     from specprim.train._campaign import Campaign

@@ -6,7 +6,8 @@ import argparse
 
 from specprim import models
 from specprim._names import TRAIN_KINDS
-from specprim._usage import UsageError, as_usage_error, at_least, check_file, check_model
+from specprim._usage import UsageError, as_usage_error, at_least, check_file
+from specprim.models import check_model
 
 __all__ = ["add_train_parser"]
 
