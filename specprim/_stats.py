@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # annotations only: the command line imports this module before torch
+    import torch
 
 SiblingOutcome = tuple[int, int, int]
 """``(depth, children, accepted_rank)``: children of depth ``depth``, ``accepted_rank`` in ``[-1, children)``."""
