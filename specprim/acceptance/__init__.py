@@ -7,9 +7,9 @@ declares its guarantee in the class attribute ``lossless``.
 from specprim.acceptance._base import AcceptanceRule
 from specprim.acceptance._block import BlockVerification
 from specprim.acceptance._greedy import Greedy
-from specprim.acceptance._multidraft import OptimalMultiDraft  # noqa: F401  importable; not in __all__ (see below)
+from specprim.acceptance._multidraft import OptimalMultiDraft
 from specprim.acceptance._speculative import SpeculativeSampling
-from specprim.acceptance._traversal import TraversalVerification  # noqa: F401  importable; not in __all__ (see below)
+from specprim.acceptance._traversal import TraversalVerification
 from specprim.acceptance._typical import TypicalAcceptance
 
 RULES = {
@@ -26,9 +26,8 @@ __all__ = [
     "AcceptanceRule",
     "BlockVerification",
     "Greedy",
+    "OptimalMultiDraft",
     "SpeculativeSampling",
+    "TraversalVerification",
     "TypicalAcceptance",
 ]
-# `OptimalMultiDraft` (an LP per row, tiny vocabularies only) and `TraversalVerification` (also reachable as
-# RULES["traversal"]) are importable from here but kept out of `__all__` while the public surface is at its budget
-# (tests/test_public_surface.py).
