@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py): `import specprim
     from specprim._generate import TextGeneration, generate
     from specprim._loop import GenerateOutput, speculative_generate
     from specprim._stats import GenerationStats
-    from specprim._step import check_decodes
+    from specprim._step import Row, check_decodes, cut_at_stop, speculative_step, stop_token_ids
     from specprim._types import DraftTree, Verdict, truncate_tree
 
 __version__ = "0.1.0"

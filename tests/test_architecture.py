@@ -48,12 +48,7 @@ ALLOWED_CYCLE_EDGES = {
     # bench predicts with speedup's cost model: replay (being rewritten onto the one step) and the corpora go lower.
     ("specprim.speedup", "specprim.bench"),
 }
-ALLOWED_PRIVATE_IMPORTS = {  # all four in files being rewritten for the one-step change (issue 32, items 1-2)
-    ("specprim.hf._static_target", "specprim.models._pack"),
-    ("specprim.hf._static_target", "specprim.models._quantize"),
-    ("specprim.bench._replay", "specprim._step"),
-    ("specprim.testing._generation", "specprim._loop"),
-}
+ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 
 
 def _name(path: Path) -> str:

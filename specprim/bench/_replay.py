@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
+from specprim import Row, cut_at_stop, speculative_step, stop_token_ids
 from specprim._stats import GenerationStats, merge_stats
-from specprim._step import Row, cut_at_stop, speculative_step, stop_token_ids
 from specprim._types import DraftTree, TargetFeatures, Verdict
 from specprim.bench._prompts import Prompt, conversation_ids
 from specprim.hf import cache_kwarg, input_device, vocab_size

@@ -24,8 +24,7 @@ from specprim.hf._aot_forward import CachedForward, aot_applies, package_key, we
 from specprim.hf._causal_lm import CausalLM
 from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
-from specprim.models._pack import stock_kernels
-from specprim.models._quantize import Int4Linear
+from specprim.models import Int4Linear, stock_kernels
 
 logger = logging.getLogger(__name__)
 

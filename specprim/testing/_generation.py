@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from specprim._loop import speculative_generate
+from specprim import speculative_generate
 from specprim.sampling import SamplingConfig
 
 
