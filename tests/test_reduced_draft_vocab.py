@@ -9,8 +9,7 @@ from _tiny import ARCHITECTURES, VOCAB, tiny_causal_lm
 
 from specprim import speculative_generate
 from specprim.acceptance import SpeculativeSampling
-from specprim.drafters import DraftRequest, ModelDrafter, draft_vocab, lm_draft_vocab
-from specprim.hf import LMDraftModel
+from specprim.drafters import DraftRequest, LMDraftModel, ModelDrafter, draft_vocab, lm_draft_vocab
 from specprim.models import pack_weights, packing_supported
 from specprim.presets import leviathan
 from specprim.sampling import SamplingConfig

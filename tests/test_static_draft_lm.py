@@ -9,9 +9,16 @@ from _tiny import VOCAB, tiny_causal_lm, tiny_tokenizer
 
 from specprim import speculative_generate
 from specprim.acceptance import SpeculativeSampling
-from specprim.drafters import DraftRequest, ModelDrafter, TreeDrafter, draft_vocab, static_drafting
-from specprim.hf import LMDraftModel, StaticLMDraftModel
-from specprim.hf._static_draft_lm import CATCH_UP_LIMIT
+from specprim.drafters import (
+    DraftRequest,
+    LMDraftModel,
+    ModelDrafter,
+    StaticLMDraftModel,
+    TreeDrafter,
+    draft_vocab,
+    static_drafting,
+)
+from specprim.drafters._static_draft_lm import CATCH_UP_LIMIT
 from specprim.sampling import SamplingConfig
 from specprim.trees import Chain, DynamicTree
 

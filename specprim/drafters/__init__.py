@@ -8,6 +8,7 @@ from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._base import Drafter
 from specprim.drafters._checkpoint import read_head_config
 from specprim.drafters._datastore import Datastore, DatastoreLookup, tokenizer_fingerprint
+from specprim.drafters._draft_lm import LMDraftModel
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
 from specprim.drafters._eagle_export import export_eagle3, import_eagle
 from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
@@ -19,7 +20,8 @@ from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
 from specprim.drafters._prompt_lookup import PromptLookup
 from specprim.drafters._speculators import export_speculators, import_speculators
 from specprim.drafters._static import static_drafting
-from specprim.drafters._suffix import SuffixDecoding  # importable; not in __all__ (the public-name budget is full)
+from specprim.drafters._static_draft_lm import StaticLMDraftModel
+from specprim.drafters._suffix import SuffixDecoding
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
 from specprim.drafters._vocab import check_d2t, count_tokens, draft_vocab, scatter_to_target, target_to_draft
@@ -33,6 +35,7 @@ __all__ = [
     "EagleDraftModel",
     "EagleHead",
     "EarlyExit",
+    "LMDraftModel",
     "MTPConfig",
     "MTPDraftModel",
     "MTPHead",
@@ -41,11 +44,12 @@ __all__ = [
     "MedusaHeads",
     "ModelDrafter",
     "PromptLookup",
+    "StaticLMDraftModel",
+    "SuffixDecoding",
     "TargetFeatures",
     "TreeDrafter",
     "UnionDrafter",
     "draft_vocab",
-    "default_medusa_tree",
     "static_drafting",
     "eagle_drafter",
     "export_eagle3",

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from transformers import PreTrainedModel
 
+from specprim.drafters._draft_lm import LMDraftModel
 from specprim.drafters._tree_drafter import TreeDrafter
-from specprim.hf import LMDraftModel, truncated_view
+from specprim.hf import truncated_view
 from specprim.trees import Chain, TreeBuilder
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from specprim.drafters._draft_lm import LMDraftModel
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._vocab import draft_vocab
-from specprim.hf import LMDraftModel, vocab_size
+from specprim.hf import vocab_size
 from specprim.trees import Chain, TreeBuilder
 
 

@@ -6,9 +6,9 @@ from specprim.drafters._base import Drafter
 from specprim.drafters._eagle_draft import EagleDraftModel
 from specprim.drafters._eagle_static import StaticEagleDraftModel
 from specprim.drafters._model import ModelDrafter
+from specprim.drafters._static_draft_lm import StaticLMDraftModel
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
-from specprim.hf import StaticLMDraftModel
 
 __all__ = ["static_drafting"]
 
@@ -16,7 +16,7 @@ __all__ = ["static_drafting"]
 def static_drafting(drafter: Drafter, *, compile: bool = True, min_cache_length: int = 0) -> Drafter:  # noqa: A002
     """``drafter`` with every EAGLE part drafting through a :class:`StaticEagleDraftModel` (a ``TreeDrafter`` over an
     :class:`EagleDraftModel`) and every draft language model (a ``TreeDrafter`` over a
-    :class:`specprim.hf.LMDraftModel`, e.g. :class:`ModelDrafter`) through a :class:`specprim.hf.StaticLMDraftModel`,
+    :class:`LMDraftModel`, e.g. :class:`ModelDrafter`) through a :class:`StaticLMDraftModel`,
     alone or inside a :class:`UnionDrafter`; other drafters are returned as they are.
 
     With ``compile=True`` the new models compile their padded sizes here (``compile_sizes``), so give

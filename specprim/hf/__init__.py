@@ -11,9 +11,7 @@ from specprim.hf._causal_lm import (
     sliding_window,
     vocab_size,
 )
-from specprim.hf._draft_lm import LMDraftModel
 from specprim.hf._protocol import Target
-from specprim.hf._static_draft_lm import StaticLMDraftModel
 from specprim.hf._static_target import (
     CACHE_ROUNDING,
     QUERY_BUCKETS,
@@ -33,8 +31,6 @@ from specprim.hf._windowed_attention import attends_windowed, windowed_attention
 __all__ = [
     "BatchedHFTarget",
     "HFTarget",
-    "LMDraftModel",
-    "StaticLMDraftModel",
     "StaticTarget",
     "Target",
     "as_target",

@@ -45,7 +45,7 @@ def aot_enabled() -> bool:
 
 def aot_dir() -> Path:
     """Where the packages live: ``cache_dir() / "aoti"`` (``$SPECPRIM_CACHE`` or ``~/.cache/specprim``)."""
-    from specprim.models import cache_dir
+    from specprim._paths import cache_dir
 
     return cache_dir() / "aoti"
 
@@ -167,7 +167,7 @@ def aot_applies(config: Any, *modules: torch.nn.Module) -> bool:
     as plain ones; the package packs them itself), not int4 ones (which no package has been checked with yet: they
     keep ``torch.compile``), unless ``SPECPRIM_AOT=0``."""
     from specprim.hf._windowed_attention import attends_windowed
-    from specprim.models import Int4Linear
+    from specprim.linears import Int4Linear
 
     parts = [part for module in modules for part in module.modules()]
     on_cpu = all(parameter.device.type == "cpu" for module in modules for parameter in module.parameters())

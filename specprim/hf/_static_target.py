@@ -23,8 +23,8 @@ from specprim._types import DraftTree
 from specprim.hf._aot_forward import CachedForward, aot_applies, package_key, weights_fingerprint
 from specprim.hf._causal_lm import CausalLM
 from specprim.hf._windowed_attention import attends_windowed, windowed_attention
+from specprim.linears import Int4Linear, stock_kernels
 from specprim.masks import additive_mask, tree_attention_mask, tree_position_ids
-from specprim.models import Int4Linear, stock_kernels
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,18 @@ from typing import TYPE_CHECKING
 from specprim._lazy import lazy_imports
 
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
+    from specprim.linears import SCHEMES as QUANTIZE_SCHEMES
+    from specprim.linears import (
+        Int4Linear,
+        Int8Linear,
+        PackedLinear,
+        is_packed,
+        pack_like,
+        pack_weights,
+        packing_supported,
+        quantize_weights,
+        stock_kernels,
+    )
     from specprim.models._compile import compile_forward, eager_forward, is_compiled
     from specprim.models._corpora import (
         SHAREGPT_REQUIREMENT,
@@ -32,16 +44,6 @@ if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
         load_config,
         load_tokenizer,
     )
-    from specprim.models._pack import (
-        PackedLinear,
-        is_packed,
-        pack_like,
-        pack_weights,
-        packing_supported,
-        stock_kernels,
-    )
-    from specprim.models._quantize import SCHEMES as QUANTIZE_SCHEMES
-    from specprim.models._quantize import Int4Linear, Int8Linear, quantize_weights
     from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, WheelPart, cache_dir
 
 __all__ = [

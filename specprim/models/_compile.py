@@ -19,7 +19,7 @@ import torch
 from torch._inductor import config as inductor_config
 from transformers import PreTrainedModel
 
-from specprim.models._pack import is_packed
+from specprim.linears import is_packed
 
 
 def is_compiled(model: PreTrainedModel) -> bool:

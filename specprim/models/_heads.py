@@ -70,7 +70,7 @@ def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     copies the weights once, so training it would not change its outputs).
     """
     from specprim.drafters import EagleHead, MedusaHeads, MTPHead, read_head_config
-    from specprim.models._pack import pack_like
+    from specprim.linears import pack_like
 
     directory = head_path(name_or_path)
     kind = read_head_config(directory).get("head")

@@ -26,10 +26,9 @@ from transformers import (
 )
 
 from specprim._integrity import DamagedFileError, UnsafeFileError, check_directory, file_checksum, write_checksums
+from specprim.linears import SCHEMES, pack_weights, quantize_weights
 from specprim.models import _fetch, _hub
 from specprim.models._compile import compile_forward
-from specprim.models._pack import pack_weights
-from specprim.models._quantize import SCHEMES, quantize_weights
 from specprim.models._registry import KNOWN_MODELS, EmbeddedModel, cache_dir
 
 logger = logging.getLogger(__name__)

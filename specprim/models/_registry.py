@@ -4,21 +4,10 @@ they are converted into."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
-from pathlib import Path
 from types import MappingProxyType
 
-CACHE_ENV = "SPECPRIM_CACHE"
-
-
-def cache_dir() -> Path:
-    """The directory holding converted embedded models: ``$SPECPRIM_CACHE``, else ``~/.cache/specprim``.
-
-    Read from the environment on every call; the directory is created only when a model is converted.
-    """
-    override = os.environ.get(CACHE_ENV)
-    return Path(override).expanduser() if override else Path.home() / ".cache" / "specprim"
+from specprim._paths import CACHE_ENV, cache_dir  # noqa: F401  (re-exported: models.cache_dir)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -7,8 +7,8 @@ import torch
 from transformers import PreTrainedModel
 
 from specprim._types import DraftRequest
-from specprim.hf._draft_lm import LMDraftModel
-from specprim.hf._static_target import QUERY_BUCKETS, StaticTarget
+from specprim.drafters._draft_lm import LMDraftModel
+from specprim.hf import QUERY_BUCKETS, StaticTarget
 
 CATCH_UP_LIMIT = QUERY_BUCKETS[2]
 """Most new committed tokens ``begin`` feeds through the compiled forward; more (a new prompt) are prefilled

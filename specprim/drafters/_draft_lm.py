@@ -8,9 +8,10 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specprim._types import DraftRequest
-from specprim.hf._causal_lm import cache_kwarg, check_causal_lm, input_device, vocab_size
+from specprim.drafters._vocab import check_d2t, scatter_to_target
+from specprim.hf import cache_kwarg, check_causal_lm, input_device, vocab_size
+from specprim.linears import PackedLinear
 from specprim.masks import additive_mask, tree_extension_mask
-from specprim.models import PackedLinear
 
 SCALED_LOGITS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config attributes of models whose logits are not the plain LM head's output (no reduced draft vocabulary)."""
@@ -58,7 +59,6 @@ class LMDraftModel:
         self.d2t: torch.Tensor | None = None
         self._head: nn.Module | None = None  # (..., H) -> (..., V_d) with d2t
         if d2t is not None:
-            from specprim.drafters import check_d2t  # here: specprim.drafters imports this module
 
             check_d2t(d2t, self.vocab_size)
             self.d2t = d2t.to(self.device)
@@ -152,7 +152,6 @@ class LMDraftModel:
     def _to_target_vocab(self, logits: torch.Tensor) -> torch.Tensor:
         """(..., V_d) -> (..., V_target), ``-inf`` on ids the draft does not have."""
         if self.d2t is not None:
-            from specprim.drafters import scatter_to_target
 
             return scatter_to_target(logits, self.d2t, self._target_vocab)
         missing = self._target_vocab - logits.shape[-1]

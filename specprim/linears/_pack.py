@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from specprim.models._quantize import QUANTIZED_LINEARS
+from specprim.linears._quantize import QUANTIZED_LINEARS
 
 # Batch-size hint for oneDNN's weight layout; any number of rows works with every layout.
 _ROWS_HINT = 16
