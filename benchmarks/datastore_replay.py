@@ -22,7 +22,7 @@ import torch
 
 from specprim import presets
 from specprim.bench import load_dataset
-from specprim.bench._replay import record_prompts, replay_all
+from specprim.bench import record_prompts, replay_all
 from specprim.drafters import DatastoreLookup, UnionDrafter
 from specprim.models import load, load_datastore, load_head
 from specprim.trees import DynamicTree

@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING, NoReturn
 from specprim import models, recipes
 from specprim._lazy import lazy_imports
 from specprim._names import AUTO, METHODS, is_name
+from specprim._tune_cli import add_tune_parser
 from specprim._usage import UsageError, as_usage_error, check_decoding, check_file
 from specprim.bench import add_bench_parser
 from specprim.models import check_model
-from specprim.speedup import add_tune_parser
 from specprim.train import add_campaign_parser, add_train_parser
 
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py), after the command's checks

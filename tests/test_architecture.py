@@ -38,11 +38,7 @@ ALLOWED_PRIVATE = {
 }
 
 # Known debts, (importing node, imported node) and (importing module, imported private module). Only shrink these.
-ALLOWED_CYCLE_EDGES = {
-    # speedup/_union.py replays recordings with bench/_replay.py and speedup/_cli.py reads bench's prompt sets, while
-    # bench predicts with speedup's cost model: replay (being rewritten onto the one step) and the corpora go lower.
-    ("specprim.speedup", "specprim.bench"),
-}
+ALLOWED_CYCLE_EDGES: set[tuple[str, str]] = set()
 ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
 
 

@@ -239,9 +239,9 @@ def test_parse_tree_and_with_tree():
 
 
 def test_tune_measures_acceptance_and_costs_and_reports_a_choice():
+    from specprim._tune_cli import report
     from specprim.acceptance import SpeculativeSampling
     from specprim.speedup import tune
-    from specprim.speedup._cli import report
 
     target, draft = tiny_causal_lm("llama", seed=0), tiny_causal_lm("llama", seed=1)
     prompts = [torch.randint(2, VOCAB, (1, 6), generator=torch.Generator().manual_seed(s)) for s in (0, 1)]
@@ -311,7 +311,7 @@ def test_tune_lookup_follows_the_verification_cost():
 def test_tune_cli_accepts_one_tree_method_optionally_with_prompt_lookup():
     import argparse
 
-    from specprim.speedup._cli import _lengths, _tunable_method, lookup_report
+    from specprim._tune_cli import _lengths, _tunable_method, lookup_report
     from specprim.speedup._union import LookupChoice, LookupRow
 
     assert _tunable_method("eagle3+prompt-lookup") == "eagle3+prompt-lookup"
@@ -332,8 +332,8 @@ def test_tune_cli_accepts_one_tree_method_optionally_with_prompt_lookup():
 def test_tune_reads_a_recipe_and_measures_its_tree_part():
     import argparse
 
+    from specprim._tune_cli import _recipes, add_tune_parser
     from specprim.recipes import load_recipe
-    from specprim.speedup._cli import _recipes, add_tune_parser
 
     parser = argparse.ArgumentParser()
     add_tune_parser(parser.add_subparsers())

@@ -30,19 +30,12 @@ if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
     from specprim.bench._metrics import MethodSummary, PromptRow
     from specprim.bench._plots import write_plots
     from specprim.bench._prompts import Prompt, conversation_ids, parse_prompt, read_prompts
-    from specprim.bench._replay import (
-        Recording,
-        ReplayOutput,
-        greedy_continuation,
-        record_greedy,
-        record_prompts,
-        replay,
-        replay_all,
-    )
+    from specprim.bench._record import record_prompts
     from specprim.bench._report import grid_table, markdown_table
     from specprim.bench._results import BenchResults
     from specprim.bench._run import run
     from specprim.bench._runner import measure, schedule
+    from specprim.speedup import Recording, ReplayOutput, greedy_continuation, record_greedy, replay, replay_all
 
 __all__ = [
     "ACCEPTANCE",

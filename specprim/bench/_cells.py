@@ -14,8 +14,9 @@ from specprim import models, presets
 from specprim.bench._grid import GridCell
 from specprim.bench._methods import ACCEPTANCE
 from specprim.bench._metrics import step_fields
-from specprim.bench._replay import Recording, record_prompts, replay_all
+from specprim.bench._record import record_prompts
 from specprim.bench._run import DTYPES, resolve_prompts, run
+from specprim.speedup import Recording, replay_all
 
 
 class BenchCellRunner:

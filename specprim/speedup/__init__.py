@@ -18,9 +18,16 @@ from specprim._lazy import lazy_imports
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
     from specprim._stats import SiblingOutcome, sibling_outcomes
     from specprim.speedup._acceptance import RankAcceptance, sibling_ranks
-    from specprim.speedup._cli import add_tune_parser
     from specprim.speedup._costs import CostModel, measure_costs, measure_verify_costs, padded_sizes
     from specprim.speedup._model import Prediction, TreeChoice, best_tree, expected_tau, predict
+    from specprim.speedup._replay import (
+        Recording,
+        ReplayOutput,
+        greedy_continuation,
+        record_greedy,
+        replay,
+        replay_all,
+    )
     from specprim.speedup._tune import PROBE_TREE, TuneResult, tune
     from specprim.speedup._union import LOOKUP_LENGTHS, LookupChoice, LookupRow, predict_replayed, tune_lookup
 

@@ -87,9 +87,9 @@ def tune_lookup(
     the drafter reads. Raises ``ValueError`` for no prompt, no length, or a negative length.
     """
     from specprim._stats import merge_stats
-    from specprim.bench import greedy_continuation, record_greedy, replay
     from specprim.drafters import UnionDrafter
     from specprim.presets import prompt_lookup
+    from specprim.speedup._replay import greedy_continuation, record_greedy, replay
 
     if not prompts:
         raise ValueError("tune_lookup needs at least one prompt")

@@ -13,7 +13,7 @@ from specprim._names import METHODS, is_name
 from specprim._usage import as_usage_error, at_least
 from specprim.models import check_model
 from specprim.recipes import add_recipe_arguments, check_recipe_sources, given_fields, recipe_from_args
-from specprim.speedup._union import LOOKUP_LENGTHS
+from specprim.speedup import LOOKUP_LENGTHS
 
 LOOKUP = "prompt-lookup"
 TUNED_HERE = ("--max-nodes", "--tree", "--num-draft")
@@ -80,8 +80,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.bench import conversation_ids, load_dataset
     from specprim.hf import StaticTarget
     from specprim.recipes import load_draft, load_target
-    from specprim.speedup._tune import tune
-    from specprim.speedup._union import tune_lookup
+    from specprim.speedup import tune, tune_lookup
 
     with as_usage_error():
         tuned_recipe, recipe = _recipes(args)

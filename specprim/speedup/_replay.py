@@ -15,10 +15,9 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from specprim import Row, cut_at_stop, speculative_step, stop_token_ids
+from specprim import Row, speculative_step, stop_token_ids
 from specprim._stats import GenerationStats, merge_stats
 from specprim._types import DraftTree, TargetFeatures, Verdict
-from specprim.bench._prompts import Prompt, conversation_ids
 from specprim.hf import cache_kwarg, input_device, vocab_size
 from specprim.sampling import SamplingConfig
 
@@ -190,30 +189,6 @@ def greedy_continuation(target: torch.nn.Module, input_ids: torch.Tensor, max_ne
         if step + 1 < max_new_tokens:
             logits = target(input_ids=tokens[-1], use_cache=True, **{kwarg: cache}).logits[:, -1]
     return torch.cat([ids, *tokens], dim=1)
-
-
-@torch.no_grad()
-def record_prompts(
-    target: torch.nn.Module, tokenizer: object, prompts: Sequence[Prompt], max_new_tokens: int,
-    layers: Sequence[int] = (),
-) -> list[Recording]:
-    """One :class:`Recording` per turn of every prompt, from :func:`greedy_continuation` of ``max_new_tokens``.
-
-    Generation does not stop at EOS, so a replay that stops at EOS still knows the target's choices past it (a
-    live run's last step may accept drafted tokens beyond the EOS it then cuts). Turn ``t + 1`` follows the
-    answer to turn ``t`` cut after its first EOS and decoded, as :func:`specprim.bench.run` does.
-    """
-    eos = getattr(tokenizer, "eos_token_id", None)
-    recordings = []
-    for prompt in prompts:
-        answers: list[str] = []
-        for _ in prompt.turns:
-            ids = conversation_ids(tokenizer, prompt.turns, answers)  # (1, T)
-            out = greedy_continuation(target, ids, max_new_tokens)
-            recordings.append(record_greedy(target, out, ids.shape[1], layers))
-            answer, _ = cut_at_stop(out[0, ids.shape[1]:].cpu(), stop_token_ids(eos))
-            answers.append(tokenizer.decode(answer, skip_special_tokens=True))
-    return recordings
 
 
 def replay_all(
