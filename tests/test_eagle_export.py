@@ -14,7 +14,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
 from specprim import presets
-from specprim.drafters import EagleHead, export_eagle3, import_eagle
+from specprim.convert import export_eagle3, import_eagle
+from specprim.drafters import EagleHead
 from specprim.drafters._vocab import count_tokens, target_to_draft
 from specprim.trees import Chain, DynamicTree
 

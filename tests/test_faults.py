@@ -20,7 +20,8 @@ from test_models import tiny_tokenizer as word_tokenizer
 
 from specprim import _integrity
 from specprim._integrity import CHECKSUMS_NAME, DamagedFileError, UnsafeFileError, check_directory
-from specprim.drafters import Datastore, EagleHead, MedusaHeads, _checkpoint, import_eagle
+from specprim.convert import import_eagle
+from specprim.drafters import Datastore, EagleHead, MedusaHeads, _checkpoint
 from specprim.models import (
     _datastores,
     _fetch,

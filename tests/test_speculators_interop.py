@@ -11,7 +11,8 @@ import torch
 from _tiny import VOCAB, tiny_causal_lm
 from safetensors.torch import load_file, save_file
 
-from specprim.drafters import EagleHead, export_eagle3, export_speculators, import_eagle, import_speculators
+from specprim.convert import export_eagle3, export_speculators, import_eagle, import_speculators
+from specprim.drafters import EagleHead
 
 LAYERS = 6
 FEATURES = (1, 3, 5)

@@ -10,7 +10,6 @@ from specprim.drafters._checkpoint import read_head_config
 from specprim.drafters._datastore import Datastore, DatastoreLookup, tokenizer_fingerprint
 from specprim.drafters._draft_lm import LMDraftModel
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
-from specprim.drafters._eagle_export import export_eagle3, import_eagle
 from specprim.drafters._eagle_head import EagleConfig, EagleHead, EagleOutput, default_feature_layers
 from specprim.drafters._eagle_static import StaticEagleDraftModel
 from specprim.drafters._early_exit import EarlyExit
@@ -18,13 +17,19 @@ from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHead
 from specprim.drafters._model import ModelDrafter, lm_draft_vocab
 from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
 from specprim.drafters._prompt_lookup import PromptLookup
-from specprim.drafters._speculators import export_speculators, import_speculators
 from specprim.drafters._static import static_drafting
 from specprim.drafters._static_draft_lm import StaticLMDraftModel
 from specprim.drafters._suffix import SuffixDecoding
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._union import UnionDrafter
-from specprim.drafters._vocab import check_d2t, count_tokens, draft_vocab, scatter_to_target, target_to_draft
+from specprim.drafters._vocab import (
+    check_d2t,
+    count_tokens,
+    draft_vocab,
+    scatter_to_target,
+    target_mask,
+    target_to_draft,
+)
 
 __all__ = [
     "Datastore",
@@ -52,9 +57,5 @@ __all__ = [
     "draft_vocab",
     "static_drafting",
     "eagle_drafter",
-    "export_eagle3",
-    "export_speculators",
-    "import_eagle",
-    "import_speculators",
     "lm_draft_vocab",
 ]

@@ -84,8 +84,7 @@ from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, PreTrainedModel
 
 from specprim._integrity import DamagedFileError, UnsafeFileError
-from specprim.drafters._eagle_head import EagleConfig, EagleHead
-from specprim.drafters._vocab import check_d2t, target_mask
+from specprim.drafters import EagleConfig, EagleHead, check_d2t, target_mask
 
 __all__ = ["export_eagle3", "import_eagle"]
 

@@ -43,7 +43,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import PreTrainedModel
 
-from specprim.drafters._eagle_export import (
+from specprim.convert._eagle import (
     _check_exportable,
     _engine_config,
     _engine_weights,
@@ -52,7 +52,7 @@ from specprim.drafters._eagle_export import (
     _strip_prefix,
     head_from_engine_layout,
 )
-from specprim.drafters._eagle_head import EagleConfig, EagleHead
+from specprim.drafters import EagleConfig, EagleHead
 
 __all__ = ["export_speculators", "import_speculators"]
 
