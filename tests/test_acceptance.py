@@ -9,42 +9,12 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specprim._types import SAMPLING_SCHEMES, DraftTree, Verdict
+from specprim._types import DraftTree, Verdict
 from specprim.acceptance import AcceptanceRule, Greedy, SpeculativeSampling, TypicalAcceptance
 from specprim.acceptance._base import TreeTables
-from specprim.testing import check_verdict, draw_tree, trees
+from specprim.testing import check_verdict, draw_tree, trees, verification_problems
 
 RULES = [Greedy(), SpeculativeSampling(), TypicalAcceptance()]
-
-
-def random_probs(shape: tuple[int, ...], generator: torch.Generator, sparse: bool) -> torch.Tensor:
-    logits = torch.randn(shape, generator=generator) * 2
-    if sparse:  # zero some entries, keep each row's argmax
-        drop = torch.rand(shape, generator=generator) < 0.4
-        logits = logits.masked_fill(drop & (logits < logits.amax(-1, keepdim=True)), float("-inf"))
-    return logits.softmax(-1)
-
-
-@st.composite
-def problems(draw: st.DrawFn, max_nodes: int = 7) -> tuple[torch.Tensor, DraftTree]:
-    """Random p (B, N + 1, V) and a tree with arbitrary tokens (contract violations included)."""
-    parents = draw(trees(max_nodes))
-    batch = draw(st.integers(min_value=1, max_value=6))
-    vocab = draw(st.integers(min_value=2, max_value=6))
-    sampling = draw(st.sampled_from(SAMPLING_SCHEMES))
-    generator = torch.Generator().manual_seed(draw(st.integers(min_value=0, max_value=2**31 - 1)))
-    rows = (batch, len(parents) + 1, vocab)
-    p = random_probs(rows, generator, sparse=draw(st.booleans()))
-    q = random_probs(rows, generator, sparse=draw(st.booleans()))
-    tokens = torch.randint(0, vocab, (batch, len(parents)), generator=generator)
-    keep_q = sampling != "deterministic" or draw(st.booleans())
-    tree = DraftTree(
-        tokens=tokens,
-        parents=torch.tensor(parents, dtype=torch.long),
-        q=q if keep_q else None,
-        sampling=sampling,
-    )
-    return p, tree
 
 
 def snapshot(p: torch.Tensor, tree: DraftTree) -> list[torch.Tensor]:
@@ -59,7 +29,7 @@ def run_twice(rule: AcceptanceRule, p: torch.Tensor, tree: DraftTree, seed: int)
 
 @pytest.mark.parametrize("rule", RULES, ids=lambda r: type(r).__name__)
 @settings(max_examples=60, deadline=None)
-@given(problem=problems(), seed=st.integers(min_value=0, max_value=1000))
+@given(problem=verification_problems(), seed=st.integers(min_value=0, max_value=1000))
 def test_verdict_structure_determinism_and_no_mutation(
     rule: AcceptanceRule, problem: tuple[torch.Tensor, DraftTree], seed: int
 ) -> None:
@@ -92,7 +62,7 @@ def greedy_reference(p: torch.Tensor, tree: DraftTree) -> tuple[list[int], list[
 
 
 @settings(max_examples=80, deadline=None)
-@given(problems())
+@given(verification_problems())
 def test_greedy_matches_the_loop_reference(problem: tuple[torch.Tensor, DraftTree]) -> None:
     p, tree = problem
     verdict = Greedy()(p, tree)
@@ -117,7 +87,7 @@ def test_greedy_duplicate_siblings_take_the_first() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(problem=problems(), seed=st.integers(min_value=0, max_value=1000))
+@given(problem=verification_problems(), seed=st.integers(min_value=0, max_value=1000))
 def test_sampling_rules_reduce_to_greedy_on_one_hot_targets(
     problem: tuple[torch.Tensor, DraftTree], seed: int
 ) -> None:
@@ -148,7 +118,7 @@ def assert_walk_equals_the_general_walk(walk: str, p: torch.Tensor, tree: DraftT
 
 
 @settings(max_examples=80, deadline=None)
-@given(problem=problems(), seed=st.integers(min_value=0, max_value=1000), greedy=st.booleans())
+@given(problem=verification_problems(), seed=st.integers(min_value=0, max_value=1000), greedy=st.booleans())
 def test_speculative_deterministic_walk_equals_the_general_walk(
     problem: tuple[torch.Tensor, DraftTree], seed: int, greedy: bool
 ) -> None:
@@ -162,7 +132,7 @@ def test_speculative_deterministic_walk_equals_the_general_walk(
 
 
 @settings(max_examples=80, deadline=None)
-@given(problem=problems(), seed=st.integers(min_value=0, max_value=1000),
+@given(problem=verification_problems(), seed=st.integers(min_value=0, max_value=1000),
        sampling=st.sampled_from(["iid", "without_replacement"]))
 def test_speculative_sampled_walk_equals_the_general_walk(
     problem: tuple[torch.Tensor, DraftTree], seed: int, sampling: str

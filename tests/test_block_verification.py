@@ -29,6 +29,7 @@ from specprim.testing import (
     compare,
     exact_two_token_distribution,
     sample_emitted_tokens,
+    verification_problems,
 )
 from specprim.trees import Chain
 
@@ -140,38 +141,12 @@ def test_a_fully_accepted_chain_and_an_exact_draft() -> None:
 # --- structural properties -----------------------------------------------------------------------------------
 
 
-def random_probs(shape: tuple[int, ...], generator: torch.Generator, sparse: bool) -> torch.Tensor:
-    logits = torch.randn(shape, generator=generator) * 2
-    if sparse:  # zero some entries, keep each row's argmax
-        drop = torch.rand(shape, generator=generator) < 0.4
-        logits = logits.masked_fill(drop & (logits < logits.amax(-1, keepdim=True)), float("-inf"))
-    return logits.softmax(-1)
-
-
-@st.composite
-def chain_problems(draw: st.DrawFn, max_nodes: int = 6) -> tuple[torch.Tensor, DraftTree]:
-    """Random p (B, K + 1, V) and a chain with arbitrary tokens (zero-q tokens included)."""
-    parents = draw(chains(max_nodes))
-    batch = draw(st.integers(min_value=1, max_value=6))
-    vocab = draw(st.integers(min_value=2, max_value=6))
-    sampling = draw(st.sampled_from(SAMPLING_SCHEMES))
-    generator = torch.Generator().manual_seed(draw(st.integers(min_value=0, max_value=2**31 - 1)))
-    rows = (batch, len(parents) + 1, vocab)
-    p = random_probs(rows, generator, sparse=draw(st.booleans()))
-    q = random_probs(rows, generator, sparse=draw(st.booleans()))
-    tokens = torch.randint(0, vocab, (batch, len(parents)), generator=generator)
-    keep_q = sampling != "deterministic" or draw(st.booleans())
-    tree = DraftTree(tokens=tokens, parents=torch.tensor(parents, dtype=torch.long), q=q if keep_q else None,
-                     sampling=sampling)
-    return p, tree
-
-
 def snapshot(p: torch.Tensor, tree: DraftTree) -> list[torch.Tensor]:
     return [t.clone() for t in (p, tree.tokens, tree.parents) + (() if tree.q is None else (tree.q,))]
 
 
 @settings(max_examples=80, deadline=None)
-@given(problem=chain_problems(), seed=st.integers(min_value=0, max_value=1000))
+@given(problem=verification_problems(chains(6)), seed=st.integers(min_value=0, max_value=1000))
 def test_verdict_structure_determinism_and_no_mutation(problem: tuple[torch.Tensor, DraftTree], seed: int) -> None:
     p, tree = problem
     before = snapshot(p, tree)
@@ -187,7 +162,7 @@ def test_verdict_structure_determinism_and_no_mutation(problem: tuple[torch.Tens
 
 
 @settings(max_examples=80, deadline=None)
-@given(problem=chain_problems(), seed=st.integers(min_value=0, max_value=1000))
+@given(problem=verification_problems(chains(6)), seed=st.integers(min_value=0, max_value=1000))
 def test_one_hot_targets_give_greedy_verdicts(problem: tuple[torch.Tensor, DraftTree], seed: int) -> None:
     """At temperature 0 (one-hot ``p``) block verification is `Greedy`, for drafts the draft could have drawn."""
     p, tree = problem

@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
 __all__ = [
     "CostModel",
     "LookupChoice",
-    "LookupRow",
     "Prediction",
     "RankAcceptance",
     "TreeChoice",

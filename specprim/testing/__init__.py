@@ -1,8 +1,9 @@
 """Public testing utilities: honest draft-tree samplers, Monte-Carlo losslessness checks for acceptance
 rules, a toy draft model for tree builders (``TableDraftModel``), and hypothesis strategies
-(``distributions``, ``trees``, ``chains``; importing them needs the ``hypothesis`` package, the rest needs
-``scipy`` only when comparing distributions), and an optimality oracle, ``optimal_chain_acceptance``: the most
-draft tokens any lossless rule can accept from a chain on a toy table (a linear program, needs ``scipy``).
+(``distributions``, ``trees``, ``chains``, ``verification_problems``; importing them needs the ``hypothesis``
+package, the rest needs ``scipy`` only when comparing distributions), and an optimality oracle,
+``optimal_chain_acceptance``: the most draft tokens any lossless rule can accept from a chain on a toy table (a
+linear program, needs ``scipy``).
 
 Typical use on your own rule::
 
@@ -32,7 +33,7 @@ from specprim.testing._lossless import (
 from specprim.testing._optimal import optimal_chain_acceptance
 from specprim.testing._tree_models import TableDraftModel
 
-_STRATEGIES = ("chains", "distributions", "trees")
+_STRATEGIES = ("chains", "distributions", "trees", "verification_problems")
 
 __all__ = [
     "Comparison",
@@ -54,6 +55,7 @@ __all__ = [
     "sample_emitted_tokens",
     "trees",
     "two_token_chi_square",
+    "verification_problems",
 ]
 
 
