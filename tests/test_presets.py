@@ -61,7 +61,7 @@ def test_every_preset_by_name_is_lossless_under_greedy(name, target, heads):
 
 def test_names_cover_the_families():
     assert set(presets.NAMES) == {"leviathan", "prompt-lookup", "datastore", "early-exit", "medusa", "eagle", "eagle3",
-                                  "mtp"}
+                                  "mtp", "suffix"}
 
 
 @pytest.mark.parametrize(

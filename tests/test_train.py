@@ -21,6 +21,7 @@ from specprim.train import (
     TrainConfig,
     build_feature_cache,
     read_jsonl_conversations,
+    render,
     self_distill,
     train,
     unrolled_mask,
@@ -110,12 +111,12 @@ def test_render_marks_exactly_the_assistant_text():
     tokenizer = _ChatTokenizer()
     conversation = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "xyz"},
                     {"role": "user", "content": "c"}, {"role": "assistant", "content": "w"}]
-    example = data_module.render(tokenizer, conversation)
+    example = render(tokenizer, conversation)
     text = tokenizer.apply_chat_template(conversation)
     assert example.input_ids.tolist() == tokenizer(text).input_ids
     marked = "".join(ch for ch, flag in zip(text, example.assistant_mask.tolist(), strict=True) if flag)
     assert marked == "xyz|w|"  # the answer and its end-of-turn mark, not the template's role tags
-    assert len(data_module.render(tokenizer, conversation, max_length=5).input_ids) == 5
+    assert len(render(tokenizer, conversation, max_length=5).input_ids) == 5
 
 
 def test_render_rejects_a_tokenizer_without_a_template():
@@ -123,7 +124,7 @@ def test_render_rejects_a_tokenizer_without_a_template():
         chat_template = None
 
     with pytest.raises(ValueError, match="chat template"):
-        data_module.render(Plain(), [{"role": "user", "content": "a"}])
+        render(Plain(), [{"role": "user", "content": "a"}])
 
 
 def test_self_distill_resumes_to_the_uninterrupted_file(tmp_path, monkeypatch):
