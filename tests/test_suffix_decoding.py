@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _tiny import VOCAB, tiny_causal_lm
+from _tiny import tiny_causal_lm
+from test_prompt_lookup import repeated_prompt
 
 from specprim import presets, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
@@ -137,22 +138,13 @@ def test_batch_and_vocabulary_errors():
 # end to end on tiny models
 
 
-def repetitive_prompt(seed: int) -> torch.Tensor:
-    rng = torch.Generator().manual_seed(seed)
-    key, filler = torch.randint(2, VOCAB, (3,), generator=rng), torch.randint(2, VOCAB, (5,), generator=rng)
-    parts = []
-    for _ in range(3):
-        parts += [key, torch.randint(2, VOCAB, (6,), generator=rng), filler]
-    return torch.cat([*parts, key])[None]
-
-
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 @pytest.mark.parametrize("rule", [Greedy(), SpeculativeSampling()], ids=["greedy", "spec-sampling"])
 def test_greedy_parity_with_generate_across_requests(arch, rule):
     target = tiny_causal_lm(arch, seed=0)
     drafter = SuffixDecoding()
     for seed in (7, 8, 7):  # the third request repeats the first: the global index drafts from its output
-        prompt = repetitive_prompt(seed)
+        prompt = repeated_prompt(seed)
         expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=40,
                                    do_sample=False, pad_token_id=0)
         out = speculative_generate(target, prompt, drafter=drafter, acceptance=rule, max_new_tokens=40)
@@ -162,7 +154,7 @@ def test_greedy_parity_with_generate_across_requests(arch, rule):
 
 def test_tau_rises_once_the_global_index_has_seen_the_answer():
     target = tiny_causal_lm("llama", seed=0)
-    prompt = repetitive_prompt(3)
+    prompt = repeated_prompt(3)
     learning, forgetful = SuffixDecoding(), SuffixDecoding(max_stored=0)
     first = speculative_generate(target, prompt, drafter=learning, acceptance=Greedy(), max_new_tokens=48)
     second = speculative_generate(target, prompt, drafter=learning, acceptance=Greedy(), max_new_tokens=48)
@@ -173,7 +165,7 @@ def test_tau_rises_once_the_global_index_has_seen_the_answer():
 
 def test_composes_in_a_union_with_parity():
     target = tiny_causal_lm("llama", seed=0)
-    prompt = repetitive_prompt(5)
+    prompt = repeated_prompt(5)
     expected = target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=32, do_sample=False,
                                pad_token_id=0)
     union = UnionDrafter(SuffixDecoding(), PromptLookup(num_tokens=4))
