@@ -166,6 +166,15 @@ def test_auto_measurement_runs_the_candidates_beside_plain_generate():
     assert results[1].tau > results[0].tau  # the longer lookup accepts more per step on these repeating prompts
 
 
+def test_every_training_free_candidate_builds_and_decodes(monkeypatch):
+    monkeypatch.undo()  # the real candidates, not conftest's quick stand-in (only measure() runs: no cache written)
+    model, tokenizer = tiny_causal_lm("llama"), tiny_tokenizer()
+    offline = [c for c in _measure.CANDIDATES if not c.datastores]  # a datastore would be built from ShareGPT
+    assert "suffix" in [c.method for c in offline]
+    results = _measure.measure(model, tokenizer, offline, prompts=("t5 t6 t7 t5 t6 t7 t5",), max_new_tokens=8)
+    assert [m.recipe for m in results] == offline and all(m.tau > 1 for m in results)
+
+
 def test_shipped_heads_are_found_by_target_and_kind():
     assert models.shipped_head("smollm2-135m-instruct", "eagle3") == "smollm2-135m-instruct-eagle3"
     assert models.shipped_head("smollm2-135m-instruct", "medusa") == "smollm2-135m-instruct-medusa"

@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 CANDIDATES = (
     Recipe(method="prompt-lookup"),
     Recipe(method="prompt-lookup+datastore", datastores=("sharegpt",)),
+    Recipe(method="suffix"),
 )
 """The training-free lossless drafters ``auto`` measures for an unknown target (dtype and packing are set per
-machine): prompt lookup, alone and joined by the ShareGPT datastore."""
+machine): prompt lookup, alone and joined by the ShareGPT datastore, and suffix decoding."""
 
 CALIBRATION_PROMPTS = (
     "Explain how a refrigerator keeps food cold, in a short paragraph.",
