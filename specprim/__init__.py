@@ -10,6 +10,7 @@ from specprim._lazy import lazy_imports
 if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py): `import specprim` does not import torch
     from specprim import (
         acceptance,
+        constraints,
         drafters,
         hf,
         masks,
@@ -38,6 +39,7 @@ __all__ = [
     "TextGeneration",
     "Verdict",
     "acceptance",
+    "constraints",
     "drafters",
     "generate",
     "hf",

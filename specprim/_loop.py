@@ -20,6 +20,7 @@ from specprim._step import (
     stop_token_ids,
 )
 from specprim._types import TargetFeatures
+from specprim.constraints import Constraint
 from specprim.drafters import Drafter
 from specprim.hf import Target, as_target
 from specprim.sampling import SamplingConfig
@@ -59,6 +60,7 @@ def speculative_generate(
     pad_token_id: int | None | FromModel = FROM_MODEL,
     recipe: Buildable | None = None,
     generation_config: GenerationConfig | None = None,
+    constraint: Constraint | None = None,
 ) -> GenerateOutput:
     """Generate up to ``max_new_tokens`` tokens after ``input_ids`` (1, T) with speculative decoding.
 
@@ -91,6 +93,12 @@ def speculative_generate(
     rows are generated with ragged acceptance and one batched target forward per step, and the result is a
     ``BatchGenerateOutput`` right-padded with ``pad_token_id`` (see ``docs/batch.md``).
 
+    ``constraint`` (a :class:`specprim.constraints.Constraint`, e.g. a ``GrammarConstraint`` from a JSON schema)
+    restricts the output: the target's logits are masked to the allowed tokens at every position, drafts outside
+    them are pruned before verification and the draft ``q`` is masked the same way, so a lossless rule samples
+    exactly the constrained target; generation also stops once the constraint is complete (see
+    ``docs/structured.md``). One sequence only.
+
     Raises ``ValueError`` for an empty prompt, a negative budget, an invalid sampling setting,
     prompt + budget over the model's context, a tree whose ``q`` or tokens do not fit the target's vocabulary,
     or a greedy-only rule under sampling; ``FloatingPointError`` for NaN or +inf target logits.
@@ -113,12 +121,14 @@ def speculative_generate(
             built.verifier, input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_k=top_k, top_p=top_p, eos_token_id=eos_token_id, generator=generator, streamer=streamer,
-            pad_token_id=pad_token_id,
+            pad_token_id=pad_token_id, constraint=constraint,
         )
     if drafter is None or acceptance is None:
         raise ValueError("speculative_generate needs a drafter and an acceptance rule, or a recipe")
 
     if wants_batch(input_ids, attention_mask, drafter):
+        if constraint is not None:
+            raise ValueError("a constraint applies to one sequence; generate the rows of a batch one at a time")
         if not isinstance(target, torch.nn.Module):
             raise ValueError(f"a {type(target).__name__} decodes one sequence at a time; pass the model itself "
                              "for batches")
@@ -134,7 +144,8 @@ def speculative_generate(
     check_decodes(acceptance, [drafter], sampling)
     verifier.check_length(ids.shape[1] + max_new_tokens)
     layers = tuple(getattr(drafter, "feature_layers", ()))
-    row = Row(ids=ids, prompt_length=ids.shape[1], budget=max_new_tokens, drafter=drafter, layers=layers)
+    row = Row(ids=ids, prompt_length=ids.shape[1], budget=max_new_tokens, drafter=drafter, layers=layers,
+              constraint=None if constraint is None else constraint.begin())
     if streamer is not None:
         streamer.put(ids.cpu())
     if max_new_tokens > 0:

@@ -15,8 +15,10 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from specprim._constrain import constrain_tree, mask_logits, unprune_verdict
 from specprim._stats import GenerationStats
 from specprim._types import DraftRequest, DraftTree, TargetFeatures, Verdict, truncate_tree
+from specprim.constraints import ConstraintState
 from specprim.drafters import Drafter
 from specprim.sampling import SamplingConfig
 
@@ -43,7 +45,8 @@ class Row:
         layers: the drafter's ``feature_layers`` (``()`` when it reads no target features).
         features: the target's features at the positions committed by the last step (``None`` without layers).
         stats: the row's per-step record.
-        finished: set once the row emitted a stop token or its whole budget.
+        constraint: where the row stands in its constraint (``None``: unconstrained).
+        finished: set once the row emitted a stop token or its whole budget, or completed its constraint.
     """
 
     ids: torch.Tensor
@@ -53,6 +56,7 @@ class Row:
     layers: tuple[int, ...] = ()
     features: TargetFeatures | None = None
     stats: GenerationStats = dataclasses.field(default_factory=GenerationStats)
+    constraint: ConstraintState | None = None
     finished: bool = False
 
     @property
@@ -72,8 +76,12 @@ def speculative_step(
     the depth its budget allows; its new tokens (the accepted path and the next token) stop right after the first
     of ``stop_ids``, and then, or once the budget is spent, the row is ``finished``. Randomness: the drafters and the
     acceptance rule draw from ``generator`` in row order.
+
+    A row with a ``constraint``: its tree loses the nodes the constraint forbids and its ``q`` is masked and
+    renormalised; the target's logits are masked the same way before ``sampling``; its drafter observes the verdict
+    in the ids of the tree it proposed; the row finishes once its constraint is complete.
     """
-    trees, draft_s = [], []
+    trees, allowed, draft_s = [], [], []
     for row in rows:
         start = time.perf_counter()
         request = DraftRequest(
@@ -82,7 +90,11 @@ def speculative_step(
         )
         tree = truncate_tree(row.drafter.propose(request), row.remaining - 1).to(device)
         check_tree(tree, vocab_size)
+        masks = kept = None
+        if row.constraint is not None:
+            tree, masks, kept = constrain_tree(tree, row.constraint)  # masks (N + 1, V) bool, kept (N,) long
         trees.append(tree)
+        allowed.append((masks, kept))
         draft_s.append(time.perf_counter() - start)
     start = time.perf_counter()
     roots = torch.stack([row.ids[0, -1] for row in rows])  # (R,)
@@ -93,8 +105,11 @@ def speculative_step(
         start = time.perf_counter()
         row_logits = logits[index : index + 1, : tree.num_nodes + 1]  # (1, N + 1, V)
         check_logits(row_logits)
+        masks, kept = allowed[index]
+        if masks is not None:
+            row_logits = mask_logits(row_logits, masks)
         verdict = acceptance(sampling.probs(row_logits), tree, generator=generator)
-        row.drafter.observe(verdict)
+        row.drafter.observe(verdict if kept is None else unprune_verdict(verdict, kept))
         verdicts.append(verdict)
         accepted = int(verdict.num_accepted[0])
         path = verdict.path[0, :accepted]  # (a,)
@@ -103,6 +118,9 @@ def speculative_step(
                                           row.ids.shape[1] - 1)
         new, stopped = cut_at_stop(torch.cat([tree.tokens[0, path], verdict.next_token[:1]])[: row.remaining],
                                    stop_ids)
+        if row.constraint is not None:
+            new = new[: row.constraint.advance(new.tolist())]
+            stopped = stopped or row.constraint.finished
         row.ids = torch.cat([row.ids, new[None]], dim=1)
         row.finished = stopped or row.remaining == 0
         emitted.append(new)

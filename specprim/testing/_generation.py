@@ -1,24 +1,47 @@
 """End-to-end check of a drafter and rule under sampling: the first two tokens `speculative_generate` emits
-against the exact distribution of plain sampling from the target."""
+against the exact distribution of plain sampling from the target (optionally under a constraint)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
 from specprim import speculative_generate
+from specprim._types import DraftTree
 from specprim.sampling import SamplingConfig
 
 
 @torch.no_grad()
 def exact_two_token_distribution(
-    target: torch.nn.Module, prompt: torch.Tensor, sampling: SamplingConfig
+    target: torch.nn.Module, prompt: torch.Tensor, sampling: SamplingConfig, constraint: object | None = None
 ) -> torch.Tensor:
-    """(V, V) ``p(x1, x2) = p(x1) p(x2 | x1)`` of plain sampling from ``target`` after ``prompt`` (1, T)."""
-    p1 = sampling.probs(target(prompt).logits[0, -1])  # (V,)
-    vocab = p1.shape[0]
+    """(V, V) ``p(x1, x2) = p(x1) p(x2 | x1)`` of plain sampling from ``target`` after ``prompt`` (1, T); with a
+    ``constraint`` (:class:`specprim.constraints.Constraint`, none of whose outputs ends after one token), of
+    constrained sampling: the logits outside the allowed tokens are ``-inf`` before ``sampling``."""
+    logits1 = target(prompt).logits[0, -1]  # (V,)
+    vocab = logits1.shape[0]
     contexts = torch.cat([prompt.expand(vocab, -1), torch.arange(vocab)[:, None]], dim=1)  # (V, T + 1)
-    p2 = sampling.probs(target(contexts).logits[:, -1])  # (V, V)
+    logits2 = target(contexts).logits[:, -1]  # (V, V)
+    if constraint is not None:
+        logits1 = logits1.masked_fill(~_allowed_after(constraint, []), float("-inf"))
+        allowed1 = logits1.isfinite().nonzero().flatten().tolist()
+        allowed2 = torch.ones(vocab, vocab, dtype=torch.bool)  # rows of forbidden first tokens weigh p = 0
+        allowed2[allowed1] = torch.stack([_allowed_after(constraint, [first]) for first in allowed1])
+        logits2 = logits2.masked_fill(~allowed2, float("-inf"))
+    p1 = sampling.probs(logits1)  # (V,)
+    p2 = sampling.probs(logits2)  # (V, V)
     return p1[:, None] * p2
+
+
+def _allowed_after(constraint: Any, tokens: list[int]) -> torch.Tensor:
+    """(V,) bool, the tokens ``constraint`` allows after ``tokens``."""
+    state = constraint.begin()
+    state.advance(tokens)
+    if state.finished:
+        raise ValueError("the constraint ends after one token: the two-token check needs longer outputs")
+    empty = DraftTree(tokens=torch.zeros(1, 0, dtype=torch.long), parents=torch.zeros(0, dtype=torch.long))
+    return state.allowed(empty)[1][0]
 
 
 def two_token_chi_square(
@@ -30,12 +53,14 @@ def two_token_chi_square(
     sampling: SamplingConfig,
     trials: int,
     seed: int = 1234,
+    constraint: object | None = None,
 ) -> float:
     """Chi-square p-value of the first two tokens of ``trials`` speculative generations against
     :func:`exact_two_token_distribution` (cells of expected count below 5 pooled into one).
 
     Raises ``AssertionError`` if a pair of probability zero was emitted. Meant for tiny vocabularies: the
-    target is run once per vocabulary entry.
+    target is run once per vocabulary entry. ``constraint``: generate under it, and compare with constrained
+    sampling from the target.
     """
     from scipy import stats
 
@@ -46,10 +71,11 @@ def two_token_chi_square(
         out = speculative_generate(
             target, prompt, drafter=drafter, acceptance=acceptance, max_new_tokens=2,
             temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p, generator=generator,
+            constraint=constraint,
         )
         first, second = out.sequences[0, -2:].tolist()
         counts[first, second] += 1
-    expected = exact_two_token_distribution(target, prompt, sampling).flatten().double()
+    expected = exact_two_token_distribution(target, prompt, sampling, constraint).flatten().double()
     expected = expected / expected.sum() * trials
     observed = counts.flatten().double()
     assert observed[expected == 0].sum() == 0, "emitted a pair the target gives probability zero"
