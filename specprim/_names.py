@@ -11,7 +11,7 @@ AUTO = "auto"
 """The method that runs the recipe tuned for the target (:func:`specprim.recipes.auto`)."""
 
 METHODS: tuple[str, ...] = ("leviathan", "prompt-lookup", "datastore", "suffix", "early-exit", "medusa", "eagle",
-                            "eagle3", "mtp")
+                            "eagle3", "mtp", "parallel")
 """The presets' names (:data:`specprim.presets.NAMES`)."""
 
 BENCH_BASELINES: tuple[str, ...] = ("hf", "hf-unpacked", "hf-eager", "hf-static", "hf-prompt-lookup", "hf-assisted",

@@ -31,6 +31,8 @@ from specprim.drafters import (
     ModelDrafter,
     MTPDraftModel,
     MTPHead,
+    ParallelDraftModel,
+    ParallelHead,
     PromptLookup,
     SuffixDecoding,
     TreeDrafter,
@@ -126,6 +128,15 @@ def eagle3(head: EagleHead, tree: TreeBuilder | None = None) -> Method:
 def mtp(head: MTPHead, k: int = 3, tree: TreeBuilder | None = None) -> Method:
     """A DeepSeek-V3 style multi-token-prediction module chained for ``k`` tokens (or any ``tree``)."""
     return Method(TreeDrafter(MTPDraftModel(head), tree or Chain(k)), SpeculativeSampling())
+
+
+def parallel(head: ParallelHead, k: int | None = None, tree: TreeBuilder | None = None) -> Method:
+    """The parallel drafter: ONE forward of a :class:`~specprim.drafters.ParallelHead` drafts a chain of ``k``
+    tokens (default and at most ``head.num_draft``), or any ``tree`` no deeper than ``head.num_draft``."""
+    k = head.num_draft if k is None else k
+    if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= head.num_draft:
+        raise ValueError(f"the parallel head drafts 1 .. {head.num_draft} tokens per forward, got k={k!r}")
+    return Method(TreeDrafter(ParallelDraftModel(head), tree or Chain(k)), SpeculativeSampling())
 
 
 def union(*methods: Method, max_nodes: int | None = None) -> Method:
@@ -263,6 +274,7 @@ _BY_NAME: dict[str, Callable[[_Options], Method]] = {
     "eagle": lambda o: eagle(o.require_head("eagle", EagleHead)),
     "eagle3": lambda o: eagle3(o.require_head("eagle3", EagleHead)),
     "mtp": lambda o: mtp(o.require_head("mtp", MTPHead), k=o.length(3)),
+    "parallel": lambda o: parallel(o.require_head("parallel", ParallelHead), k=o.num_draft),
 }
 NAMES: tuple[str, ...] = METHODS  # the keys of _BY_NAME (a test checks), listed where the command line reads them
 
@@ -279,6 +291,7 @@ __all__ = [
     "leviathan",
     "medusa",
     "mtp",
+    "parallel",
     "prompt_lookup",
     "union",
     "uses_datastore",

@@ -18,6 +18,7 @@ from specprim.drafters import (
     MedusaHeads,
     ModelDrafter,
     MTPHead,
+    ParallelHead,
     PromptLookup,
 )
 from specprim.sampling import SamplingConfig
@@ -41,6 +42,7 @@ def heads(target, tmp_path_factory):
         "eagle": EagleHead.from_target(target, version=1),
         "eagle3": EagleHead.from_target(target, version=3, draft_vocab_size=8),
         "mtp": MTPHead.from_target(target),
+        "parallel": ParallelHead.from_target(target, 3, draft_vocab_size=8),
     }
     for name, head in made.items():
         head.save_pretrained(root / name)
@@ -61,7 +63,7 @@ def test_every_preset_by_name_is_lossless_under_greedy(name, target, heads):
 
 def test_names_cover_the_families():
     assert set(presets.NAMES) == {"leviathan", "prompt-lookup", "datastore", "early-exit", "medusa", "eagle", "eagle3",
-                                  "mtp", "suffix"}
+                                  "mtp", "suffix", "parallel"}
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from specprim.drafters._early_exit import EarlyExit
 from specprim.drafters._medusa import MedusaConfig, MedusaDraftModel, MedusaHeads, default_medusa_tree
 from specprim.drafters._model import ModelDrafter, lm_draft_vocab
 from specprim.drafters._mtp import MTPConfig, MTPDraftModel, MTPHead
+from specprim.drafters._parallel import ParallelDraftModel, ParallelHead
 from specprim.drafters._prompt_lookup import PromptLookup
 from specprim.drafters._static import static_drafting
 from specprim.drafters._static_draft_lm import StaticLMDraftModel
@@ -48,6 +49,8 @@ __all__ = [
     "MedusaDraftModel",
     "MedusaHeads",
     "ModelDrafter",
+    "ParallelDraftModel",
+    "ParallelHead",
     "PromptLookup",
     "StaticLMDraftModel",
     "SuffixDecoding",
