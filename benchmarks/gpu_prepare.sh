@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Prepare benchmarks/gpu.sh for a GPU machine that reaches no package index or model hub (run here, where pip works):
 #   .whl/          wheels of the pure-Python packages specprim needs beyond a CUDA PyTorch image (transformers and
-#                  its hub client at the versions installed here, gguf), for Python 3.12
+#                  its hub client at the versions installed here, gguf) and of pytest (gpu.sh runs
+#                  `pytest -m cuda tests/test_gpu_kernel.py`), for Python 3.12
 #   .gpu/smollm2   SmolLM2-135M-Instruct's config and tokenizer (no weights: they exceed what such a machine takes)
 # Both are ignored by git (.git/info/exclude); carry them with the working tree and run `bash benchmarks/gpu.sh`.
 #
@@ -15,7 +16,8 @@ for path in /.whl/ /.gpu/; do grep -qxF "$path" "$EXCLUDE" 2>/dev/null || echo "
 
 version() { python -m pip show "$1" 2>/dev/null | awk '/^Version:/{print $2}'; }
 PACKAGES=()
-for name in transformers huggingface_hub httpx2 httpcore2 truststore kernels tomlkit click gguf; do
+for name in transformers huggingface_hub httpx2 httpcore2 truststore kernels tomlkit click gguf \
+    pytest pluggy iniconfig pygments packaging; do
     v="$(version "$name")"
     [ -n "$v" ] && PACKAGES+=("$name==$v")
 done

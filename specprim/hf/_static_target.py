@@ -63,7 +63,7 @@ class WarmShapes:
     """Calls of a compiled static forward, with dynamo's guard check cut short for shapes that already ran.
 
     Each call of a compiled function first evaluates its guards (0.4-0.6 ms per SmolLM2-135M verification on 2 CPU
-    cores, 3-4 % of it: ``benchmarks/verifier_settings.py --setting guard-skip``). A static forward is called again
+    cores, 3-4 % of it: ``docs/studies/verifier_settings.md``, guard-skip). A static forward is called again
     and again with the same few shapes, so :meth:`call` checks the guards in full the first time a shape key runs, and
     afterwards runs it under ``torch.compiler.set_stance(..., skip_guard_eval_unsafe=True)``: dynamo then evaluates
     only the guards that told its compiled graphs apart so far (those that failed once and caused a recompilation),
@@ -134,7 +134,7 @@ class StaticTarget:
     ``prefill_chunk=n``, through the same (compiled) forward in chunks of ``n`` tokens, the last one padded, so one
     more graph serves every prompt length. By default (``None``) a compiled target with int4 weights
     (:class:`specprim.models.Int4Linear`) or in bfloat16 prefills in chunks of :data:`PREFILL_CHUNK` (the eager int4
-    kernel is slow for many rows; packed bf16 SmolLM2 prefills 0.73x as long: ``benchmarks/int4_prefill.py
+    kernel is slow for many rows; packed bf16 SmolLM2 prefills 0.73x as long: ``docs/studies/int4_prefill.py
     [--weights bf16]``), and every other target prefills eagerly. A model with packed
     weights (:func:`specprim.models.pack_weights`) keeps them for the eager prefill, and the compiled forward lets
     freezing pack the weights its own way. Keep one ``StaticTarget`` per model for a whole run, and give it
@@ -427,7 +427,7 @@ def compiled_settings(device_type: str = "cpu", tokens: int | None = None, *, ge
     into one (``q/k/v`` and ``gate/up``: 4 instead of 7 matrix products per Llama layer), on CPU attention on the
     key/value heads as they are (:data:`FORCE_GQA`; transformers would repeat them to the query heads, since a mask
     is passed; on CUDA a masked grouped-query attention could fall back to the math kernel, so there it repeats
-    them; these two are measured by ``benchmarks/verifier_settings.py``), room for one compiled graph per shape,
+    them; these two are measured by ``docs/studies/verifier_settings.md``), room for one compiled graph per shape,
     packed layers (:func:`specprim.models.pack_weights`) traced as plain ``F.linear``, which freezing then pre-packs
     itself, and transformers' output-capturing hooks out of the way.
 
@@ -437,12 +437,12 @@ def compiled_settings(device_type: str = "cpu", tokens: int | None = None, *, ge
     and the template's vectorised micro-kernel does it faster than a oneDNN call (SmolLM2-135M bf16 on 2 cores: 13.2
     against 22.7 ms for one token, 16.1 against 19.2 ms for four); with more rows it turns compute-bound and oneDNN
     wins (51.4 against 24.3 ms for eight), so larger forwards keep oneDNN. Measured by
-    ``benchmarks/verifier_settings.py --setting cpp-gemm --cpp-gemm-max-tokens 16``.
+    ``docs/studies/verifier_settings.md``, ``--setting cpp-gemm --cpp-gemm-max-tokens 16``.
 
     ``gemm_template``: ``None`` chooses by size as above; ``True`` uses the template at every size, ``False`` never
     (on CPU). :class:`StaticTarget` passes ``True`` for a bfloat16 model with :class:`specprim.models.Int4Linear`
     layers: ATen's int4 kernel, the only other choice, costs about one more one-token forward per 4-6 rows, while the
-    template's int4 micro-kernel stays nearly flat (``benchmarks/verifier_settings.py --setting int4-gemm``); and
+    template's int4 micro-kernel stays nearly flat (``docs/studies/verifier_settings.md``, ``--setting int4-gemm``); and
     ``False`` for int4 layers in another dtype, which the template does not take (inductor would then have no kernel
     left to choose). The settings in force when a shape first runs are the ones it is compiled with."""
     with (inductor_config.patch({"freezing": True, "cpp_wrapper": True, "cpp.enable_concat_linear": True}),

@@ -1,6 +1,6 @@
 """Which tree shapes pay when verification is static and compiled (``specprim.hf.StaticTarget``).
 
-A padded size costs the same whatever fills it (2, 4, 8, 16, ... tokens; see ``benchmarks/forward_costs.py
+A padded size costs the same whatever fills it (2, 4, 8, 16, ... tokens; see ``docs/studies/forward_costs.py
 --kernels static``), so trees are compared by what they accept within those sizes: eagle3 with 3 / 7 / 15 nodes
 (padded to 4 / 8 / 16 tokens), with 7 siblings of the root (padded to 8), with 3 or 7 siblings (and 3
 with one child each) drawn without replacement from the head's distribution ("sampled": top-k under greedy
@@ -8,7 +8,7 @@ decoding, SpecInfer-style draws at temperature > 0) and unions with a prompt-loo
 side with packed and stock ``model.generate`` in one interleaved run (MT-bench first turns, 10 questions, 128
 tokens, bf16, packed):
 
-    python benchmarks/static_trees.py [--temperature 1] [--methods '3 nodes,3 sampled'] [--json out.json]
+    python docs/studies/static_trees.py [--temperature 1] [--methods '3 nodes,3 sampled'] [--json out.json]
 """
 
 from __future__ import annotations

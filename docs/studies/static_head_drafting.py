@@ -5,14 +5,14 @@ head (``EagleDraftModel``) and with the same head in a compiled ``StaticEagleDra
 ``specprim.bench.run`` (bf16, packed target and head, static compiled verification, MT-bench first turns). Both
 draft the same tokens up to bf16 rounding, so mainly the drafting time should differ:
 
-    python benchmarks/static_head_drafting.py [--num-prompts 10] [--json OUT]
+    python docs/studies/static_head_drafting.py [--num-prompts 10] [--json OUT]
 """
 
 from __future__ import annotations
 
 import sys
 
-from _smollm2_union import arguments, load_parts, union
+from smollm2_union import arguments, load_parts, union  # docs/studies/smollm2_union.py, beside this script
 
 from specprim import bench, presets
 from specprim.drafters import static_drafting

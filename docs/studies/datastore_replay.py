@@ -8,8 +8,8 @@ target forward. Rows: the head's tuned tree, prompt lookup and the datastores al
 3-node union (head top-1, 3-token lookup, datastore 3 deep) with its three parts in every order: the cut keeps the
 first 3 nodes in merge order, so the order decides whose nodes are verified:
 
-    python benchmarks/datastore_replay.py [--num-prompts 10] [--datastore smollm2-135m-instruct-answers ...] [--shapes]
-        [--orders]
+    python docs/studies/datastore_replay.py [--num-prompts 10] [--datastore smollm2-135m-instruct-answers ...]
+        [--shapes] [--orders]
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import itertools
 import torch
 
 from specprim import presets
-from specprim.bench import load_dataset
-from specprim.bench import record_prompts, replay_all
+from specprim.bench import load_dataset, record_prompts, replay_all
 from specprim.drafters import DatastoreLookup, UnionDrafter
 from specprim.models import load, load_datastore, load_head
 from specprim.trees import DynamicTree

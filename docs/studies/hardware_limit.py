@@ -14,13 +14,13 @@ per byte, so the time to stream the weights from memory bounds the step from bel
    repeated for grouped-query attention, an additive mask) over a static cache of ``--cache-length`` slots (what
    ``StaticTarget`` attends over: its cache is a multiple of 512), compiled;
 5. **the whole forward** at 1, 8 and 16 query tokens after a 100-token context, the fastest of ``--repeats``
-   (``benchmarks/forward_costs.py``'s timing; eager, or ``--static`` through a
+   (``docs/studies/forward_costs.py``'s timing; eager, or ``--static`` through a
    compiled ``StaticTarget``, which takes minutes of compiling; it pads 1 query token to 2).
 
 The table shows each in milliseconds and as a multiple of the floor; what the whole forward costs above the linear
 layers is attention, norms, activations, cache writes and per-operator overhead.
 
-    python benchmarks/hardware_limit.py --pack              # add --static for the compiled verifier
+    python docs/studies/hardware_limit.py --pack              # add --static for the compiled verifier
 """
 
 from __future__ import annotations
@@ -32,15 +32,16 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-from forward_costs import forward_ms, static_forward_ms  # benchmarks/forward_costs.py, beside this script
+from forward_costs import forward_ms, static_forward_ms  # docs/studies/forward_costs.py, beside this script
 from torch import nn
 
 from specprim import models
-from specprim.hf import StaticTarget, query_bucket
+from specprim.hf import StaticTarget
 from specprim.models import PackedLinear
 
 ROWS = (1, 8, 16)
 PAST = 100  # context tokens before the timed forwards
+PADDED = {1: 2, 8: 8, 16: 16}  # query tokens -> what StaticTarget pads them to (its smallest bucket is 2)
 
 
 def best_ms(run: Callable[[], object], repeats: int) -> float:
@@ -154,7 +155,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for rows in ROWS:
         linear = linears_ms(layers, rows, args.repeats)
-        attended = query_bucket(rows) if args.static else rows  # the static verifier pads 1 token to 2
+        attended = PADDED[rows] if args.static else rows  # the static verifier pads 1 token to 2
         attention = attention_ms(model.config, attended, args.cache_length, args.repeats)
         forward(context, PAST, rows, 1)  # warm-up (compiles with --static)
         whole = forward(context, PAST, rows, args.repeats, best=True)

@@ -2,7 +2,7 @@
 
 On CPU a compiled ``StaticTarget`` multiplies forwards of up to 4 padded tokens through inductor's C++ GEMM template
 and larger ones through oneDNN (``specprim.hf.compiled_settings``), so a 4-token verification costs much less than an
-8-token one (``benchmarks/verifier_settings.py --setting cpp-gemm``). This run compares, side by side with packed and
+8-token one (``docs/studies/verifier_settings.py --setting cpp-gemm``). This run compares, side by side with packed and
 stock ``model.generate`` and transformers' prompt lookup in one interleaved ``specprim.bench.run`` (MT-bench first
 turns, 10 questions, 128 tokens, bf16, packed):
 
@@ -11,14 +11,14 @@ turns, 10 questions, 128 tokens, bf16, packed):
 * ``3 nodes``: the head's top-1 + a 3-token lookup match + the datastores (3 deep), cut to 3 nodes (4 tokens);
 * ``head top-3``: the head's top-3 alone (4 tokens).
 
-    python benchmarks/union_sizes.py [--num-prompts 10] [--json OUT]
+    python docs/studies/union_sizes.py [--num-prompts 10] [--json OUT]
 """
 
 from __future__ import annotations
 
 import sys
 
-from _smollm2_union import arguments, load_parts, union
+from smollm2_union import arguments, load_parts, union  # docs/studies/smollm2_union.py, beside this script
 
 from specprim import bench, presets
 from specprim.trees import DynamicTree

@@ -7,7 +7,7 @@ with prompt lookup. Runs are interleaved (the method order rotates every repeat)
 method. Throughput counts the tokens each row really generated (up to and including its end-of-sequence token)
 over the wall time of the whole batched call. Writes a markdown table and the raw records as JSON.
 
-    python benchmarks/batch_throughput.py --batch-sizes 1 2 4 8 16 --max-new-tokens 64 --dtype float32
+    python docs/studies/batch_throughput.py --batch-sizes 1 2 4 8 16 --max-new-tokens 64 --dtype float32
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ import torch
 
 import specprim
 from specprim import presets
-from specprim.bench._datasets import load_dataset
-from specprim.bench._prompts import conversation_ids
+from specprim.bench import load_dataset
 from specprim.drafters import PromptLookup
+from specprim.hf import chat_input_ids
 from specprim.trees import DynamicTree
 
 MODEL = "smollm2-135m-instruct"
@@ -107,7 +107,7 @@ def main() -> None:
     head = presets.from_name("eagle3", target=target, head=HEAD).drafter.model.head
     eos = target.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos)
-    prompts = [conversation_ids(tokenizer, p.turns[:1], [])[0] for p in load_dataset("mt-bench", max(args.batch_sizes))]
+    prompts = [chat_input_ids(tokenizer, p.turns[0])[0] for p in load_dataset("mt-bench", max(args.batch_sizes))]
     for method in args.methods:  # warm-up
         ids, mask = left_pad(prompts[:1], eos[0])
         run(method, target, head, ids, mask, 8, eos)

@@ -1,13 +1,13 @@
 """Prefill of an int4 target: one eager forward over the prompt against the compiled chunks ``StaticTarget`` uses.
 
-``StaticTarget`` prefills a compiled int4 target in forwards of ``PREFILL_CHUNK`` (64) padded tokens through its
-compiled forward, since the eager int4 kernel costs about one more one-token forward per few rows. This script loads
-SmolLM2-135M-Instruct with int4 weights (bf16, LM head packed) twice, builds a ``StaticTarget`` on each (one with
-``prefill_chunk=0``: the eager prefill), checks that both leave caches that score the next token alike, and times
-``start`` on the first MT-bench questions' chat prompts, alternating between the two (median of 5 rounds).
+``StaticTarget`` prefills a compiled int4 target in forwards of 64 padded tokens (its default ``prefill_chunk``)
+through its compiled forward, since the eager int4 kernel costs about one more one-token forward per few rows. This
+script loads SmolLM2-135M-Instruct with int4 weights (bf16, LM head packed) twice, builds a ``StaticTarget`` on each
+(one with ``prefill_chunk=0``: the eager prefill), checks that both leave caches that score the next token alike, and
+times ``start`` on the first MT-bench questions' chat prompts, alternating between the two (median of 5 rounds).
 
-    python benchmarks/int4_prefill.py [--num-prompts 10]
-    python benchmarks/int4_prefill.py --weights bf16  # packed bf16 weights, chunks of PREFILL_CHUNK as well
+    python docs/studies/int4_prefill.py [--num-prompts 10]
+    python docs/studies/int4_prefill.py --weights bf16  # packed bf16 weights, chunks of 64 tokens as well
 """
 
 from __future__ import annotations
@@ -19,10 +19,8 @@ import time
 import torch
 
 from specprim import DraftTree, models
-from specprim.bench._datasets import load_dataset
-from specprim.bench._prompts import conversation_ids
-from specprim.hf import StaticTarget
-from specprim.hf._static_target import PREFILL_CHUNK
+from specprim.bench import load_dataset
+from specprim.hf import StaticTarget, chat_input_ids
 
 
 def start_ms(verifier: StaticTarget, ids: torch.Tensor) -> float:
@@ -41,11 +39,11 @@ def main() -> None:
     torch.set_num_threads(2)
     weights = {"quantize": "int4"} if args.weights == "int4" else {}
     target, tokenizer = models.load("smollm2-135m-instruct", dtype=torch.bfloat16, pack=True, **weights)
-    prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset("mt-bench")[: args.num_prompts]]
+    prompts = [chat_input_ids(tokenizer, p.turns[0]) for p in load_dataset("mt-bench")[: args.num_prompts]]
     cache = max(p.shape[1] for p in prompts) + 64
     eager = StaticTarget(target, min_cache_length=cache, prefill_chunk=0)
     chunked = StaticTarget(models.load("smollm2-135m-instruct", dtype=torch.bfloat16, pack=True, **weights)[0],
-                           min_cache_length=cache, prefill_chunk=PREFILL_CHUNK)
+                           min_cache_length=cache)  # the default for compiled bf16 / int4: chunks of 64
     empty = DraftTree(tokens=torch.zeros(1, 0, dtype=torch.long), parents=torch.zeros(0, dtype=torch.long))
     for ids in prompts:  # compiles the chunk's graph and the one-token verification
         scores = []

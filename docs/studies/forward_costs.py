@@ -6,7 +6,7 @@ Prefills a random 100-token context once per setting, then times forwards of 1, 
 more than one, as tree verification passes) over three context lengths, cropping the cache back after each. The
 ratio of a 16-token forward to a one-token step is what bounds speculation on the machine (see docs/speedup.md).
 
-    python benchmarks/forward_costs.py --kernels packed      # also: stock, compiled, static (minutes of compiling)
+    python docs/studies/forward_costs.py --kernels packed      # also: stock, compiled, static (minutes of compiling)
 """
 
 from __future__ import annotations

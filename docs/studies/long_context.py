@@ -7,7 +7,7 @@ budget and the largest draft tree; the conversations used by one prompt are not 
 it prints, per prompt, the prompt's tokens, whether the speculative output equals ``model.generate``, tau and the
 acceptance by depth, then the length's mean tau; ``--json`` writes the same as JSON:
 
-    nice python benchmarks/long_context.py [--lengths 2048 4096 8192] [--prompts 3] [--max-new-tokens 32] \\
+    nice python docs/studies/long_context.py [--lengths 2048 4096 8192] [--prompts 3] [--max-new-tokens 32] \\
         [--verifier eager|static]
 """
 

@@ -1,10 +1,10 @@
 """Resident memory over consecutive generations on the real model: SmolLM2-135M-Instruct with the shipped EAGLE-3
 head (the ``eagle3`` preset), greedy, ``--calls`` calls of ``Method.generate`` over four rotating chat prompts.
 Prints the process's RSS after ``--warmup`` calls and every ``--every`` calls after, the growth from the
-warm-up to the end (the leak check of ``tests/test_rss_leak.py``, on the real model), and the drafter's memory
-overhead as ``specprim bench`` records it (``drafter_param_bytes``, ``drafter_state_bytes``):
+warm-up to the end (the leak check of ``tests/test_rss_leak.py``, on the real model). The drafter's memory
+overhead is what ``specprim bench --json`` records (``drafter_param_bytes``, ``drafter_state_bytes``):
 
-    python benchmarks/rss_over_calls.py [--calls 200] [--warmup 20] [--max-new-tokens 4] [--threads 1]
+    python docs/studies/rss_over_calls.py [--calls 200] [--warmup 20] [--max-new-tokens 4] [--threads 1]
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ import psutil
 import torch
 
 from specprim import presets
-from specprim.bench._memory import extra_parameters, state_bytes
-from specprim.bench._methods import modules_of
 from specprim.hf import chat_input_ids
 from specprim.models import load
 
@@ -63,10 +61,6 @@ def main() -> None:
     end = rss_mib()
     print(f"growth over {args.calls} calls after the warm-up: {end - base:+.1f} MiB "
           f"({time.perf_counter() - start:.0f} s in all)")
-    modules = modules_of(method.drafter)
-    params, state = extra_parameters(modules, target).bytes, state_bytes(method.drafter, modules, target)
-    print(f"drafter memory overhead: {params / 2**20:.2f} MiB parameters + {state / 2**20:.2f} MiB state "
-          f"= {(params + state) / 2**20:.2f} MiB")
 
 
 if __name__ == "__main__":

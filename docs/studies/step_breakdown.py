@@ -4,7 +4,7 @@ Times every call of the target model and of the draft modules with forward hooks
 for the CPU; on CUDA they would need synchronisation) while ``speculative_generate`` runs, and prints the share of
 the generation spent outside both: tree building, masks, acceptance, cache commits and bookkeeping.
 
-    python benchmarks/step_breakdown.py --method eagle3 --head smollm2-135m-instruct-eagle3 \
+    python docs/studies/step_breakdown.py --method eagle3 --head smollm2-135m-instruct-eagle3 \
         --tree dynamic:depth=1,top_k=4,budget=4 --dtype bfloat16
 """
 
@@ -16,8 +16,8 @@ import time
 import torch
 
 from specprim import models, presets
-from specprim.bench._datasets import load_dataset
-from specprim.bench._prompts import conversation_ids
+from specprim.bench import load_dataset
+from specprim.hf import chat_input_ids
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -71,7 +71,7 @@ def main() -> None:
     target, tokenizer = models.load(args.target, dtype=DTYPES[args.dtype])
     draft = models.load(args.draft, dtype=DTYPES[args.dtype])[0] if args.draft else None
     method = presets.from_name(args.method, target=target, draft=draft, head=args.head, tree=args.tree)
-    prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset("mt-bench", args.num_prompts)]
+    prompts = [chat_input_ids(tokenizer, p.turns[0]) for p in load_dataset("mt-bench", args.num_prompts)]
     method.generate(target, prompts[0], max_new_tokens=8)  # warm-up
     target_timer = ForwardTimer([target])
     draft_timer = ForwardTimer(draft_modules(method.drafter, target))

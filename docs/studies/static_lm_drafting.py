@@ -3,8 +3,8 @@ vocabulary and a reduced one), against Hugging Face's assisted generation with t
 ``specprim bench`` run (the CLI's ``--static-draft`` / ``--draft-vocab`` switch every method at once; this script
 puts the variants side by side as custom methods).
 
-    python benchmarks/static_lm_drafting.py --json /tmp/static_lm_drafting.json
-    python benchmarks/static_lm_drafting.py --no-whole-vocabulary   # less memory: one static draft model
+    python docs/studies/static_lm_drafting.py --json /tmp/static_lm_drafting.json
+    python docs/studies/static_lm_drafting.py --no-whole-vocabulary   # less memory: one static draft model
 
 Each static draft model compiles three padded sizes first (about 1 minute each for Qwen2.5-Coder-0.5B on 2 cores)
 and holds a copy of the draft's weights per size (see docs/generate.md); verification is the target's eager,
@@ -20,9 +20,16 @@ import torch
 
 from specprim import bench, models, presets
 from specprim.acceptance import SpeculativeSampling
-from specprim.bench._run import _cache_length, resolve_prompts
 from specprim.drafters import ModelDrafter, lm_draft_vocab, static_drafting
+from specprim.hf import chat_input_ids
 from specprim.trees import Chain
+
+
+def cache_length(tokenizer, prompts: list[bench.Prompt], max_new_tokens: int) -> int:  # noqa: ANN001
+    """A static cache long enough for every conversation (each user turn rendered alone plus ``max_new_tokens``,
+    an upper bound), plus 64 (the largest padded tree), so that no draft cache grows during the timed runs."""
+    return max(sum(chat_input_ids(tokenizer, turn).shape[1] + max_new_tokens for turn in p.turns)
+               for p in prompts) + 64
 
 
 def main() -> None:
@@ -42,8 +49,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     target, tokenizer = models.load(args.target, dtype=torch.bfloat16, pack=True)
     draft, _ = models.load(args.draft, dtype=torch.bfloat16, pack=True)
-    prompts, _ = resolve_prompts(args.dataset, None, args.num_prompts)
-    length = _cache_length(tokenizer, prompts, args.max_new_tokens)
+    prompts = bench.load_dataset(args.dataset, args.num_prompts)
+    length = cache_length(tokenizer, prompts, args.max_new_tokens)
 
     def static(d2t: torch.Tensor | None) -> presets.Method:
         drafter = ModelDrafter(draft, Chain(args.num_draft), d2t=d2t)

@@ -2,7 +2,7 @@
 union's drafters (top-3 tree + 4-token prompt lookup + the SmolLM2 answers and ShareGPT datastores, cut to 7 nodes),
 side by side with ``model.generate`` in one ``specprim.bench.run`` (bf16, packed, static compiled verification):
 
-    python benchmarks/datastore_temperature1.py [--json OUT] [--num-prompts 10]
+    python docs/studies/datastore_temperature1.py [--json OUT] [--num-prompts 10]
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ which returns the same first maximal index; this script times each pair side by 
 rounds of ``--calls`` calls each) so that the choice in ``specprim.sampling.argmax`` and ``DynamicTree`` can be
 rechecked on other machines.
 
-    python benchmarks/host_ops.py [--vocab 49152] [--rows 1 4]
+    python docs/studies/host_ops.py [--vocab 49152] [--rows 1 4]
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from specprim.sampling import SamplingConfig, argmax
-from specprim.trees._dynamic import _top_children
+from specprim.sampling import argmax
 
 
 def _median_us(fn: Callable[[], object], calls: int, rounds: int) -> float:
@@ -34,13 +33,13 @@ def _median_us(fn: Callable[[], object], calls: int, rounds: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def _pairs(logits: torch.Tensor, greedy: SamplingConfig) -> dict[str, tuple[Callable[[], object], ...]]:
-    """Each operation on (P, V) ``logits``, as (plain torch, specprim)."""
+def _pairs(logits: torch.Tensor) -> dict[str, tuple[Callable[[], object], ...]]:
+    """Each operation on (P, V) ``logits``, as (plain torch, the way specprim writes it)."""
     return {
         "argmax": (lambda: torch.argmax(logits, -1), lambda: argmax(logits)),
-        "best child (log-softmax, top 1)": (
+        "best child (log-softmax, top 1)": (  # DynamicTree's best child: log-softmax, then max instead of topk(1)
             lambda: logits.log_softmax(-1).clamp(max=0.0).topk(1, dim=-1),
-            lambda: _top_children(logits, greedy, 1),
+            lambda: logits.float().log_softmax(-1).max(-1, keepdim=True),
         ),
     }
 
@@ -54,14 +53,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     args = parser.parse_args()
     torch.manual_seed(0)
-    greedy = SamplingConfig()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, vocab {args.vocab}")
     print("| operation | rows | plain us | specprim us | ratio |")
     print("|---|---|---|---|---|")
     for rows in args.rows:
         logits = torch.randn(rows, args.vocab)  # (P, V)
         logits[:, args.draft_vocab :] = float("-inf")  # the head's logits outside its draft vocabulary
-        for name, (plain, ours) in _pairs(logits, greedy).items():
+        for name, (plain, ours) in _pairs(logits).items():
             before = _median_us(plain, args.calls, args.rounds)
             after = _median_us(ours, args.calls, args.rounds)
             print(f"| {name} | {rows} | {before:.1f} | {after:.1f} | {after / before:.2f}x |")
