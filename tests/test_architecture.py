@@ -11,7 +11,10 @@ Asserted:
 (a) no import cycle between nodes;
 (b) no module imports a private module of another package, as written: ``specprim.X._y`` only from ``specprim/X/``,
     ``specprim._y`` only from ``specprim/*.py``; the lowest layer (``ALLOWED_PRIVATE``) may be imported from anywhere.
-Edges still in ``ALLOWED_CYCLE_EDGES`` / ``ALLOWED_PRIVATE_IMPORTS`` are known debts: the lists may only shrink.
+(c) no class has a project class as a base (composition, not implementation inheritance; issue 32, item 4) except
+    ``typing.Protocol`` s, exceptions and enums.
+Edges still in ``ALLOWED_CYCLE_EDGES`` / ``ALLOWED_PRIVATE_IMPORTS`` and classes in ``ALLOWED_PROJECT_BASES`` are known
+debts or justified exceptions: the lists may only shrink.
 
 ``python tests/test_architecture.py`` prints the cycles and the private imports.
 """
@@ -19,6 +22,7 @@ Edges still in ``ALLOWED_CYCLE_EDGES`` / ``ALLOWED_PRIVATE_IMPORTS`` are known d
 from __future__ import annotations
 
 import ast
+import builtins
 from collections import defaultdict
 from pathlib import Path
 
@@ -40,6 +44,18 @@ ALLOWED_PRIVATE = {
 # Known debts, (importing node, imported node) and (importing module, imported private module). Only shrink these.
 ALLOWED_CYCLE_EDGES: set[tuple[str, str]] = set()
 ALLOWED_PRIVATE_IMPORTS: set[tuple[str, str]] = set()
+
+# (module, class) pairs allowed to extend a project class that is not a protocol, exception or enum. Only shrink this.
+ALLOWED_PROJECT_BASES: set[tuple[str, str]] = {
+    # a frozen record that adds three fields to GenerateOutput and inherits no behaviour: whatever reads a
+    # GenerateOutput (sequences, stats) reads a batch's output the same way
+    ("specprim._batch", "BatchGenerateOutput"),
+    # debts: drafters that still extend another drafter or draft model
+    ("specprim.drafters._eagle_static", "StaticEagleDraftModel"),
+    ("specprim.drafters._early_exit", "EarlyExit"),
+    ("specprim.drafters._model", "ModelDrafter"),
+    ("specprim.drafters._static_draft_lm", "StaticLMDraftModel"),
+}
 
 
 def _name(path: Path) -> str:
@@ -220,5 +236,60 @@ def test_no_package_imports_another_packages_private_module():
     assert stale == set(), f"gone, take them off ALLOWED_PRIVATE_IMPORTS: {sorted(stale)}"
 
 
+EXCEPTIONS = {name for name, value in vars(builtins).items()
+              if isinstance(value, type) and issubclass(value, BaseException)}
+ENUMS = {"Enum", "IntEnum", "StrEnum", "Flag", "IntFlag"}
+
+
+def _classes() -> dict[str, list[tuple[str, list[str]]]]:
+    """Class name -> ``(module, base names)`` of every class defined under ``specprim/`` (a base ``a.B[T]`` is
+    ``B``)."""
+    found: dict[str, list[tuple[str, list[str]]]] = defaultdict(list)
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                bases = [ast.unparse(base).partition("[")[0].rpartition(".")[2] for base in node.bases]
+                found[node.name].append((module, bases))
+    return found
+
+
+def project_bases() -> list[tuple[str, str, str]]:
+    """(module, class, base) for every class whose base is a project class other than a protocol, an exception or
+    an enum, sorted."""
+    classes = _classes()
+
+    def kind_of_base(name: str, seen: frozenset[str] = frozenset()) -> bool:
+        """Whether ``name`` is a protocol, exception or enum (itself or through its own bases)."""
+        if name in ("Protocol",) or name in EXCEPTIONS or name in ENUMS:
+            return True
+        return name not in seen and any(kind_of_base(base, seen | {name})
+                                        for _, bases in classes.get(name, []) for base in bases)
+
+    found = set()
+    for name, definitions in classes.items():
+        for module, bases in definitions:
+            for base in bases:
+                if base in classes and not kind_of_base(base):
+                    found.add((module, name, base))
+    return sorted(found)
+
+
+def test_the_base_scan_sees_project_bases_and_lets_protocols_exceptions_and_enums_pass():
+    assert ("specprim._batch", "BatchGenerateOutput", "GenerateOutput") in project_bases()
+    classes = _classes()
+    assert any("Protocol" in bases for _, bases in classes["Drafter"])  # a project protocol ...
+    assert "DamagedFileError" in classes  # ... and a project exception, neither of which is reported
+    assert not any(base in ("Drafter", "DamagedFileError") for _, _, base in project_bases())
+
+
+def test_no_class_extends_a_project_class():
+    found = {(module, name) for module, name, _ in project_bases()}
+    new = sorted(found - ALLOWED_PROJECT_BASES)
+    assert new == [], f"compose instead of inheriting (hold the other class, or share functions): {new}"
+    stale = ALLOWED_PROJECT_BASES - found
+    assert stale == set(), f"gone, take them off ALLOWED_PROJECT_BASES: {sorted(stale)}"
+
+
 if __name__ == "__main__":
     print(report())
+    print("\n".join(f"class {module}.{name}({base})" for module, name, base in project_bases()))

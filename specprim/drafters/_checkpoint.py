@@ -42,6 +42,21 @@ class LoadableHead(Protocol):
     def parameters(self) -> Any: ...
 
 
+_HEAD_CLASSES: dict[str, type] = {}
+
+
+def register_head(cls: type[Head]) -> type[Head]:
+    """Class decorator: make ``cls`` loadable by :func:`specprim.models.load_head` under its class name (the
+    ``"head"`` its ``save_head`` records); one line in each head's own module."""
+    _HEAD_CLASSES[cls.__name__] = cls
+    return cls
+
+
+def head_classes() -> dict[str, type]:
+    """The registered head classes by saved name (see :func:`register_head`)."""
+    return dict(_HEAD_CLASSES)
+
+
 def target_dimensions(target: torch.nn.Module) -> tuple[int, int]:
     """``(hidden_size, vocab_size)`` of a causal LM, read from its output head's (V, H) weight."""
     head = target.get_output_embeddings()

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from specprim.drafters._checkpoint import load_head, save_head
+from specprim.drafters._checkpoint import load_head, register_head, save_head
 from specprim.drafters._vocab import check_d2t, draft_vocab, scatter_to_target
 from specprim.masks import additive_mask
 from specprim.trees import DynamicTree
@@ -129,6 +129,7 @@ class _TargetParts:
         return self  # a copied head still reads the same target, it does not copy it
 
 
+@register_head
 class EagleHead(nn.Module):
     """An EAGLE-1 or EAGLE-3 draft head bound to one target model (see the module docstring for the math).
 

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from specprim._types import DraftRequest
-from specprim.drafters._checkpoint import check_target, load_head, save_head, target_dimensions
+from specprim.drafters._checkpoint import check_target, load_head, register_head, save_head, target_dimensions
 from specprim.trees import StaticTree
 
 __all__ = ["MedusaConfig", "MedusaDraftModel", "MedusaHeads", "default_medusa_tree"]
@@ -53,6 +53,7 @@ class ResBlock(nn.Module):
         return x + nn.functional.silu(self.linear(x))
 
 
+@register_head
 class MedusaHeads(nn.Module):
     """``K`` Medusa-1 heads for one target: head ``k`` = ``num_layers`` `ResBlock`s, then a projection to the
     target vocabulary (its own ``Linear(H, V)``, or the target's LM head when ``share_target_head``).

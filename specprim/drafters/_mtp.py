@@ -23,7 +23,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from specprim._types import DraftRequest
-from specprim.drafters._checkpoint import check_target, load_head, save_head, target_dimensions
+from specprim.drafters._checkpoint import check_target, load_head, register_head, save_head, target_dimensions
 from specprim.hf import cache_kwarg
 from specprim.masks import additive_mask
 
@@ -95,6 +95,7 @@ def _norm_eps(target: nn.Module) -> float:
     return 1e-6
 
 
+@register_head
 class MTPHead(nn.Module):
     """DeepSeek-V3's MTP module for one target.
 

@@ -63,18 +63,19 @@ def head_path(name_or_path: str | os.PathLike[str]) -> Path:
 def load_head(name_or_path: str | os.PathLike[str], target: Any) -> Any:
     """Load a shipped head by name (see :func:`known_heads`) or any saved head directory onto ``target``.
 
-    The class (``EagleHead``, ``MedusaHeads``, ``MTPHead``) is read from the saved ``config.json``; the head's
-    own ``from_pretrained`` checks that ``target`` is the model it was trained for. Onto a target with packed
+    The class (``EagleHead``, ``MedusaHeads``, ``MTPHead``: the head classes that register themselves with
+    ``register_head`` in their modules) is read from the saved ``config.json``; the head's own ``from_pretrained``
+    checks that ``target`` is the model it was trained for. Onto a target with packed
     weights (:func:`specprim.models.pack_weights`, ``load(..., pack=True)``) the head's own linear layers are packed
     too: the same outputs (bit for bit per layer), drafted faster on CPU; such a head is for inference (packing
     copies the weights once, so training it would not change its outputs).
     """
-    from specprim.drafters import EagleHead, MedusaHeads, MTPHead, read_head_config
+    from specprim.drafters import head_classes, read_head_config
     from specprim.linears import pack_like
 
     directory = head_path(name_or_path)
     kind = read_head_config(directory).get("head")
-    classes = {cls.__name__: cls for cls in (EagleHead, MedusaHeads, MTPHead)}
+    classes = head_classes()  # every head class registers itself in its module (``register_head``)
     if kind not in classes:
         raise ValueError(f"{directory} holds a {kind!r} checkpoint; known head classes: {sorted(classes)}")
     return pack_like(classes[kind].from_pretrained(directory, target), target)

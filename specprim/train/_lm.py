@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+from torch import nn
 from transformers import PreTrainedModel
 
 from specprim.hf import check_causal_lm
 from specprim.hf import vocab_size as logits_width
 from specprim.train._features import FeatureBatch
 from specprim.train._losses import greedy_accuracy, soft_cross_entropy
-from specprim.train._objective import LossOn, Objective, ObjectiveOutput, loss_mask
+from specprim.train._protocol import LossOn, ObjectiveOutput, check_loss_on, loss_mask
 
 __all__ = ["DistillObjective"]
 
 
-class DistillObjective(Objective):
+class DistillObjective(nn.Module):
     """Train a causal LM ``draft`` (e.g. the model of a :class:`~specprim.drafters.ModelDrafter`) to match the
     target's next-token distributions, read from the feature cache; no hidden states are needed (``layers = ()``).
 
     The draft runs over the batch's token ids with its ``attention_mask`` (right padding); its logits at position
     ``t`` are scored against the target's cached distribution at ``t`` (``topk_*[:, t]``, the token at ``t + 1``)
     with the soft cross-entropy over the target's top-K (its top-1 only when ``greedy``), averaged over the loss
-    mask (:func:`~specprim.train._objective.loss_mask`). Metrics: ``loss`` and ``acc_1`` (top-1 agreement).
+    mask (:func:`~specprim.train._protocol.loss_mask`). Metrics: ``loss`` and ``acc_1`` (top-1 agreement).
 
     Vocabularies: the draft's ids must be the target's. A draft whose logits are wider than the target's
     vocabulary (a padded embedding matrix) is trained on its first ``vocab_size`` logits when ``vocab_size`` is
@@ -40,8 +43,7 @@ class DistillObjective(Objective):
                  vocab_size: int | None = None) -> None:
         super().__init__()
         check_causal_lm(draft)
-        if loss_on not in ("all", "assistant"):
-            raise ValueError(f"loss_on must be 'all' or 'assistant', got {loss_on!r}")
+        check_loss_on(loss_on)
         if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, int)
                                        or vocab_size < 1):
             raise ValueError(f"vocab_size must be a positive int or None, got {vocab_size!r}")
@@ -51,6 +53,10 @@ class DistillObjective(Objective):
         width = logits_width(draft)
         self.width = width if vocab_size is None else min(width, vocab_size)  # logits scored: [0, width)
         self.input_width = int(draft.get_input_embeddings().weight.shape[0])
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Save the draft module with its own ``save_pretrained``."""
+        self.module.save_pretrained(directory)
 
     def forward(self, batch: FeatureBatch) -> ObjectiveOutput:
         """Loss and metrics of one batch; ``ValueError`` when it holds a token id the draft cannot read or score."""

@@ -2,24 +2,27 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
+from torch import nn
 
 from specprim.drafters import MedusaHeads
 from specprim.train._features import FeatureBatch
 from specprim.train._losses import greedy_accuracy, soft_cross_entropy
-from specprim.train._objective import LossOn, Objective, ObjectiveOutput, _shift, loss_mask
+from specprim.train._protocol import LossOn, ObjectiveOutput, check_loss_on, loss_mask, shift
 
 __all__ = ["MedusaObjective"]
 
 
-class MedusaObjective(Objective):
+class MedusaObjective(nn.Module):
     """Train :class:`~specprim.drafters.MedusaHeads` from cached target features (the last hidden state).
 
     Alignment, as :class:`~specprim.drafters.MedusaDraftModel` drafts: the heads read the target's hidden state at
     the last committed position ``t``; the root is the token at ``t + 1`` and head ``k`` (1-based) drafts the
     token at depth ``k`` below it, position ``t + 1 + k``. Its label is therefore the target's cached next-token
     distribution at position ``t + k`` (``topk_*[:, t + k]``), used where position ``t + k`` is in the loss mask
-    (:func:`~specprim.train._objective.loss_mask`); head ``k`` has no label at the last ``k`` positions of a row.
+    (:func:`~specprim.train._protocol.loss_mask`); head ``k`` has no label at the last ``k`` positions of a row.
 
     Loss: ``sum_k head_decay ** (k - 1) * CE_k``, ``CE_k`` the soft cross-entropy of head ``k`` against the
     target's top-K distribution (its top-1 only when ``greedy``), averaged over head ``k``'s labelled positions
@@ -43,11 +46,14 @@ class MedusaObjective(Objective):
             raise ValueError(f"num_target_layers must be a positive int, got {num_target_layers!r}")
         if not 0 < head_decay <= 1:
             raise ValueError(f"head_decay must be in (0, 1], got {head_decay}")
-        if loss_on not in ("all", "assistant"):
-            raise ValueError(f"loss_on must be 'all' or 'assistant', got {loss_on!r}")
+        check_loss_on(loss_on)
         self.module = heads
         self.layers = (num_target_layers,)
         self.loss_on, self.greedy, self.head_decay = loss_on, greedy, head_decay
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Save the draft module with its own ``save_pretrained``."""
+        self.module.save_pretrained(directory)
 
     def forward(self, batch: FeatureBatch) -> ObjectiveOutput:
         """Loss and metrics of one batch; ``ValueError`` when its hidden size is not the heads'."""
@@ -59,7 +65,7 @@ class MedusaObjective(Objective):
         length = batch.input_ids.shape[1]
         labels_mask = loss_mask(batch, self.loss_on)  # (B, T)
         # head k at position t is labelled by position t + k: (K, B, T) validity on the grid of input positions
-        valid = torch.stack([_shift(labels_mask, k, length, fill=False) for k in range(1, config.num_heads + 1)])
+        valid = torch.stack([shift(labels_mask, k, length, fill=False) for k in range(1, config.num_heads + 1)])
         used = valid.any(0)  # (B, T) positions some head is trained at
         weight = next(self.module.parameters())
         logits = self.module(hidden[used].to(weight.dtype))  # (N, K, V)
@@ -67,8 +73,8 @@ class MedusaObjective(Objective):
         metrics: dict[str, float] = {}
         for k in range(1, config.num_heads + 1):
             mask = valid[k - 1][used]  # (N,)
-            top_ids = _shift(batch.topk_ids, k, length)[used]  # (N, K) labels at t + k
-            top_logprobs = _shift(batch.topk_logprobs, k, length, fill=float("-inf"))[used]
+            top_ids = shift(batch.topk_ids, k, length)[used]  # (N, K) labels at t + k
+            top_logprobs = shift(batch.topk_logprobs, k, length, fill=float("-inf"))[used]
             head_logits = logits[:, k - 1]  # (N, V)
             loss = soft_cross_entropy(head_logits, top_ids, top_logprobs, mask, greedy=self.greedy)
             total = total + self.head_decay ** (k - 1) * loss

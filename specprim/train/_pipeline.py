@@ -18,11 +18,11 @@ from typing import Any, Literal
 import torch
 
 from specprim._names import TRAIN_KINDS
-from specprim.drafters import EagleHead, MedusaHeads, MTPHead, count_tokens, default_feature_layers
 from specprim.train._data import load_conversations, render_all
 from specprim.train._distill import self_distill
-from specprim.train._features import MANIFEST, FeatureDataset, build_feature_cache, check_shard
-from specprim.train._objective import EagleObjective, MTPObjective, Objective
+from specprim.train._features import MANIFEST, FeatureDataset, build_feature_cache
+from specprim.train._kinds import REGISTRY, KindInputs, train_kind
+from specprim.train._protocol import Objective
 from specprim.train._trainer import TrainConfig, train
 
 __all__ = ["KINDS", "DataConfig", "train_drafter"]
@@ -61,7 +61,7 @@ def feature_layers_for(kind: str, target: Any) -> tuple[int, ...]:
     """The ``output_hidden_states`` indices cached for ``kind``: the head's own plus the last one (so one cache
     serves EAGLE-3, EAGLE-1, Medusa and MTP runs alike)."""
     num_layers = int(target.config.get_text_config().num_hidden_layers)
-    own = default_feature_layers(3, num_layers) if kind == "eagle3" else ()
+    own = train_kind(kind).own_layers(num_layers)
     return tuple(sorted(set(own) | {num_layers}))
 
 
@@ -86,47 +86,16 @@ def prepare_features(target: Any, tokenizer: Any, output_dir: Path, data: DataCo
     return build_feature_cache(target, examples, directory, layers=layers, top_k=data.top_k, progress=progress)
 
 
-def greedy_token_counts(dataset: FeatureDataset, vocab_size: int) -> torch.Tensor:
-    """(V,) how often each id is the target's greedy next token in the cache (what a draft head must predict)."""
-    from safetensors import safe_open
-
-    counts = torch.zeros(vocab_size, dtype=torch.long)
-    for shard in dataset.manifest["shards"]:
-        check_shard(dataset.directory, shard)  # its size (and hash, when small): a damaged shard raises by name
-        with safe_open(str(dataset.directory / shard["file"]), framework="pt") as f:
-            counts += count_tokens([f.get_slice("topk_ids")[:, 0]], vocab_size)
-    return counts
-
-
-def _fresh_module(kind: str, target: Any, dataset: FeatureDataset, draft_vocab_size: int | None,
-                  num_heads: int) -> torch.nn.Module:
-    """A randomly initialised head of ``kind`` (Medusa: residual blocks at the identity, as in Medusa-1)."""
-    if kind in ("eagle3", "eagle"):
-        vocab = int(target.get_output_embeddings().weight.shape[0])
-        counts = greedy_token_counts(dataset, vocab) if draft_vocab_size else None
-        return EagleHead.from_target(target, version=3 if kind == "eagle3" else 1, draft_vocab_size=draft_vocab_size,
-                                     token_counts=counts, generator=torch.Generator().manual_seed(0))
-    if kind == "mtp":
-        return MTPHead.from_target(target)
-    heads = MedusaHeads.from_target(target, num_heads=num_heads, share_target_head=True)
-    with torch.no_grad():
-        for block in heads.blocks:
-            for layer in block:
-                layer.linear.weight.zero_()
-                layer.linear.bias.zero_()
-    return heads
-
-
 def _saved_module(kind: str, target: Any, init_from: str | os.PathLike[str]) -> torch.nn.Module:
     """A saved head (a directory or a shipped head's name) to continue training; ``ValueError`` if it is not a
     head of ``kind``."""
     from specprim.models import load_head
 
+    is_saved_kind = train_kind(kind).is_saved_kind
+    if is_saved_kind is None:
+        raise ValueError(f"kind {kind!r} trains the draft model it is given; init_from does not apply")
     head = load_head(init_from, target)
-    expected = {"eagle3": (EagleHead, 3), "eagle": (EagleHead, 1), "mtp": (MTPHead, None),
-                "medusa": (MedusaHeads, None)}
-    cls, version = expected[kind]
-    if not isinstance(head, cls) or (version is not None and head.config.version != version):
+    if not is_saved_kind(head):
         raise ValueError(f"{os.fspath(init_from)!r} holds a {type(head).__name__}, not a {kind!r} head")
     return head
 
@@ -135,33 +104,19 @@ def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: A
                     draft_vocab_size: int | None = None, num_heads: int = 4, steps: int | None = None,
                     loss_on: str = "all", init_from: str | os.PathLike[str] | None = None,
                     align: bool = False) -> Objective:
-    """A draft module of ``kind`` for ``target`` wrapped in its objective: freshly initialised, or the saved head
-    ``init_from`` (its own config and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored).
-    ``align``: token-alignable training of the unrolled heads (EAGLE, MTP; see
-    :class:`specprim.train.EagleObjective`); ``ValueError`` for other kinds."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown kind {kind!r}; one of {KINDS}")
-    if align and kind not in ("eagle3", "eagle", "mtp"):
-        raise ValueError(f"align trains unrolled draft depths (eagle3, eagle, mtp); {kind!r} drafts none")
-    if kind == "distill":
-        from specprim.train._lm import DistillObjective
-
-        if draft is None:
-            raise ValueError("kind 'distill' needs a draft model to train")
-        if init_from is not None:
-            raise ValueError("kind 'distill' trains the draft model it is given; init_from does not apply")
-        vocab = int(target.get_output_embeddings().weight.shape[0])
-        return DistillObjective(draft, loss_on=loss_on, vocab_size=vocab)
-    module = (_fresh_module(kind, target, dataset, draft_vocab_size, num_heads) if init_from is None
-              else _saved_module(kind, target, init_from))
-    num_layers = int(target.config.get_text_config().num_hidden_layers)
-    if kind in ("eagle3", "eagle"):
-        return EagleObjective(module, steps=steps, loss_on=loss_on, align=align)
-    if kind == "mtp":
-        return MTPObjective(module, steps=steps or 3, loss_on=loss_on, num_target_layers=num_layers, align=align)
-    from specprim.train._medusa import MedusaObjective
-
-    return MedusaObjective(module, num_target_layers=num_layers, loss_on=loss_on)
+    """A draft module of ``kind`` for ``target`` wrapped in its objective (both built by the kind's entry in
+    :data:`specprim.train._kinds.REGISTRY`): freshly initialised, or the saved head ``init_from`` (its own config
+    and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored). ``align``: token-alignable
+    training of the unrolled heads (EAGLE, MTP; see :class:`specprim.train.EagleObjective`); ``ValueError`` for
+    other kinds."""
+    entry = train_kind(kind)
+    if align and not entry.unrolled:
+        unrolled = ", ".join(name for name, other in REGISTRY.items() if other.unrolled)
+        raise ValueError(f"align trains unrolled draft depths ({unrolled}); {kind!r} drafts none")
+    inputs = KindInputs(target=target, dataset=dataset, draft=draft, draft_vocab_size=draft_vocab_size,
+                        num_heads=num_heads, steps=steps, loss_on=loss_on, align=align)
+    module = entry.fresh(inputs) if init_from is None else _saved_module(kind, target, init_from)
+    return entry.objective(module, inputs)
 
 
 def train_drafter(

@@ -35,8 +35,8 @@ import torch
 
 from specprim._integrity import DamagedFileError, UnsafeFileError, check_directory, write_checksums
 from specprim.train._features import FeatureDataset
-from specprim.train._objective import Objective
 from specprim.train._progress import progress_bar
+from specprim.train._protocol import Objective
 
 __all__ = ["TrainConfig", "train"]
 
