@@ -21,6 +21,7 @@ from specprim._loop import GenerateOutput, speculative_generate
 from specprim._names import METHODS, drafts_with_a_draft_model, is_name, uses_datastore
 from specprim.acceptance import AcceptanceRule, Greedy, SpeculativeSampling
 from specprim.drafters import (
+    CrossVocab,
     Datastore,
     DatastoreLookup,
     Drafter,
@@ -75,13 +76,16 @@ class Method:
 
 
 def leviathan(
-    draft_model: torch.nn.Module, k: int = 4, tree: TreeBuilder | None = None, draft_vocab_size: int | None = None
+    draft_model: torch.nn.Module, k: int = 4, tree: TreeBuilder | None = None, draft_vocab_size: int | None = None,
+    cross_vocab: CrossVocab | None = None,
 ) -> Method:
     """An independent small LM drafting a chain of ``k`` (Leviathan et al., 2023), or any ``tree``;
     ``draft_vocab_size`` restricts it to that many ids (:func:`specprim.drafters.lm_draft_vocab`: the special ids
-    plus the smallest others)."""
+    plus the smallest others); ``cross_vocab`` for a draft with another tokenizer (see
+    :class:`specprim.drafters.CrossVocab`)."""
     d2t = None if draft_vocab_size is None else lm_draft_vocab(draft_model, draft_vocab_size)
-    return Method(ModelDrafter(draft_model, tree=tree or Chain(k), d2t=d2t), SpeculativeSampling())
+    return Method(ModelDrafter(draft_model, tree=tree or Chain(k), d2t=d2t, cross_vocab=cross_vocab),
+                  SpeculativeSampling())
 
 
 def prompt_lookup(num_tokens: int = 8, max_matches: int = 4, max_ngram: int = 3) -> Method:
@@ -170,6 +174,7 @@ def from_name(
     draft_vocab_size: int | None = None,
     datastore: Datastore | str | os.PathLike[str] | None = None,
     max_nodes: int | None = None,
+    cross_vocab: CrossVocab | None = None,
 ) -> Method:
     """Build the preset called ``name`` (see :data:`NAMES`) for ``target``, as command-line tools do.
 
@@ -179,7 +184,8 @@ def from_name(
     loaded by a known name: :func:`specprim.models.shipped_head`) (its linears packed when the target's are:
     :func:`specprim.models.pack_like`); ``num_draft`` overrides the draft length of chain presets;
     ``exit_layer`` the early-exit layer (default: half the target's layers); ``draft_vocab_size`` a reduced
-    vocabulary for the draft model of ``"leviathan"`` (see :func:`leviathan`); ``tree`` replaces the preset's tree
+    vocabulary for the draft model of ``"leviathan"`` and ``cross_vocab`` its tokenizer's map to the target's when
+    they differ (see :func:`leviathan`); ``tree`` replaces the preset's tree
     shape (a builder or a spec string for :func:`specprim.trees.parse_tree`, e.g. one chosen by ``specprim tune``);
     ``datastore`` the corpus of ``"datastore"`` (a :class:`specprim.drafters.Datastore`, a file written by its
     ``save``, or a shipped datastore's name, :func:`specprim.models.known_datastores`), drafting ``num_draft``
@@ -197,7 +203,7 @@ def from_name(
     parts = name.split("+")
     if max_nodes is not None and len(parts) == 1:
         raise ValueError(f"max_nodes caps a union's merged tree; {name!r} is a single method")
-    options = _Options(target, draft, head, num_draft, exit_layer, draft_vocab_size, datastore)
+    options = _Options(target, draft, head, num_draft, exit_layer, draft_vocab_size, datastore, cross_vocab)
     builders = _BY_NAME if len(parts) == 1 else {**_BY_NAME, "prompt-lookup": _union_prompt_lookup}
     methods = [builders[part](options) for part in parts]
     if tree is not None:
@@ -227,10 +233,11 @@ class _Options:
     exit_layer: int | None
     draft_vocab_size: int | None
     datastore: Datastore | str | os.PathLike[str] | None
+    cross_vocab: CrossVocab | None = None
 
     def require_draft(self, name: str) -> torch.nn.Module:
         if self.draft is None:
-            raise ValueError(f"method {name!r} needs a draft model (a small LM with the target's tokenizer)")
+            raise ValueError(f"method {name!r} needs a draft model (a small LM, any tokenizer)")
         return self.draft
 
     def require_head(self, name: str, head_class: Any) -> Any:
@@ -265,7 +272,8 @@ def _early_exit_by_name(o: _Options) -> Method:
 
 
 _BY_NAME: dict[str, Callable[[_Options], Method]] = {
-    "leviathan": lambda o: leviathan(o.require_draft("leviathan"), k=o.length(4), draft_vocab_size=o.draft_vocab_size),
+    "leviathan": lambda o: leviathan(o.require_draft("leviathan"), k=o.length(4), draft_vocab_size=o.draft_vocab_size,
+                                     cross_vocab=o.cross_vocab),
     "prompt-lookup": lambda o: prompt_lookup(num_tokens=o.length(8)),
     "datastore": lambda o: datastore(o.require_datastore("datastore"), num_tokens=o.length(4)),
     "suffix": lambda o: suffix(max_tokens=o.length(16)),

@@ -7,6 +7,8 @@ Model-based drafters are a `TreeDraftModel` (what predicts the next token) plus 
 from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._base import Drafter
 from specprim.drafters._checkpoint import head_classes, read_head_config
+from specprim.drafters._cross_vocab import CrossVocab
+from specprim.drafters._cross_vocab_lm import CrossVocabDraftModel
 from specprim.drafters._datastore import Datastore, DatastoreLookup, tokenizer_fingerprint
 from specprim.drafters._draft_lm import LMDraftModel
 from specprim.drafters._eagle_draft import EagleDraftModel, eagle_drafter
@@ -33,6 +35,8 @@ from specprim.drafters._vocab import (
 )
 
 __all__ = [
+    "CrossVocab",
+    "CrossVocabDraftModel",
     "Datastore",
     "DatastoreLookup",
     "DraftRequest",

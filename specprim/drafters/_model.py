@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from specprim.drafters._cross_vocab import CrossVocab
+from specprim.drafters._cross_vocab_lm import CrossVocabDraftModel
 from specprim.drafters._draft_lm import LMDraftModel
 from specprim.drafters._tree_drafter import TreeDrafter
 from specprim.drafters._vocab import draft_vocab
@@ -20,14 +22,18 @@ class ModelDrafter(TreeDrafter):
     take top-k tokens (``"deterministic"``). The draft model keeps its own KV cache, reused across steps by
     longest common prefix; frontier nodes are expanded in one batched forward with a tree mask. See
     `LMDraftModel` for vocabulary handling; ``d2t`` (e.g. from :func:`lm_draft_vocab`) restricts the draft to a
-    reduced vocabulary (only those LM-head rows are computed).
+    reduced vocabulary (only those LM-head rows are computed). A draft with another tokenizer drafts the tokens
+    both tokenizers share when given their ``cross_vocab`` (:class:`CrossVocabDraftModel`; ``d2t`` then holds
+    draft ids).
     """
 
     def __init__(
         self, model: PreTrainedModel, tree: TreeBuilder | None = None, unknown_token_id: int | None = None,
-        d2t: torch.Tensor | None = None,
+        d2t: torch.Tensor | None = None, cross_vocab: CrossVocab | None = None,
     ) -> None:
-        super().__init__(LMDraftModel(model, unknown_token_id, d2t), Chain(4) if tree is None else tree)
+        lm = LMDraftModel(model, unknown_token_id, d2t)
+        super().__init__(lm if cross_vocab is None else CrossVocabDraftModel(lm, cross_vocab),
+                         Chain(4) if tree is None else tree)
 
     def __repr__(self) -> str:
         return f"ModelDrafter({type(self.model.model).__name__}, tree={self.tree!r})"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from specprim.drafters._base import Drafter
+from specprim.drafters._draft_lm import LMDraftModel
 from specprim.drafters._eagle_draft import EagleDraftModel
 from specprim.drafters._eagle_static import StaticEagleDraftModel
 from specprim.drafters._model import ModelDrafter
@@ -31,7 +32,7 @@ def static_drafting(drafter: Drafter, *, compile: bool = True, min_cache_length:
     model: StaticEagleDraftModel | StaticLMDraftModel
     if type(drafter.model) is EagleDraftModel:
         model = StaticEagleDraftModel(drafter.model.head, compile=compile, min_cache_length=min_cache_length)
-    elif isinstance(drafter, ModelDrafter):
+    elif isinstance(drafter, ModelDrafter) and isinstance(drafter.model, LMDraftModel):  # not cross-tokenizer
         lm = drafter.model
         model = StaticLMDraftModel(lm.model, compile=compile, min_cache_length=min_cache_length,
                                    unknown_token_id=lm.unknown_token_id, d2t=lm.d2t)

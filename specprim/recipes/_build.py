@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from specprim import models, presets
+from specprim.drafters import CrossVocab
 from specprim.hf import StaticTarget, check_tokenizers_compatible
 
 if TYPE_CHECKING:
@@ -37,10 +38,21 @@ def load_target(recipe: Recipe, target: str | os.PathLike[str]) -> tuple[Model, 
 
 
 def load_draft(recipe: Recipe, tokenizer: Any) -> Model | None:
-    """The recipe's draft model (``None`` without one), loaded like the target; its tokenizer must match."""
+    """The recipe's draft model (``None`` without one), loaded like the target; a draft with another tokenizer
+    drafts through the tokens both share (see :func:`cross_vocab`)."""
     if recipe.draft is None:
         return None
     draft, draft_tokenizer = models.load(recipe.draft, dtype=getattr(torch, recipe.dtype),
                                          quantize=recipe.draft_quantize, pack=recipe.pack, compile=recipe.compile)
-    check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    cross_vocab(tokenizer, draft_tokenizer)  # ValueError now for tokenizers that share too little
     return draft
+
+
+def cross_vocab(tokenizer: Any, draft_tokenizer: Any) -> CrossVocab | None:
+    """``None`` when the draft's tokenizer is the target's (or a prefix of it), else their :class:`CrossVocab`
+    (``ValueError`` when they share too little)."""
+    try:
+        check_tokenizers_compatible(tokenizer, draft_tokenizer)
+    except ValueError:
+        return CrossVocab(tokenizer, draft_tokenizer)
+    return None

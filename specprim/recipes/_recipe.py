@@ -22,7 +22,7 @@ from specprim._names import DTYPES, QUANTIZE_SCHEMES, VERIFIERS
 from specprim.acceptance import RULES
 from specprim.drafters import static_drafting
 from specprim.hf import StaticTarget
-from specprim.recipes._build import Built
+from specprim.recipes._build import Built, cross_vocab
 from specprim.trees import parse_tree
 
 if sys.version_info >= (3, 11):
@@ -120,7 +120,7 @@ class Recipe:
         if self.draft_vocab is not None and "leviathan" not in parts:
             raise ValueError(f"draft_vocab restricts leviathan's draft model; {self.method!r} has no leviathan part")
         if "leviathan" in parts and self.draft is None:
-            raise ValueError("a 'leviathan' part needs a draft model (draft = a small LM with the target's tokenizer)")
+            raise ValueError("a 'leviathan' part needs a draft model (draft = a small LM)")
         if self.draft_quantize is not None and self.draft is None:
             raise ValueError("draft_quantize quantizes the draft model; the recipe has no draft")
         if self.tree is not None:
@@ -156,10 +156,13 @@ class Recipe:
             if tokenizer is None:
                 raise ValueError("a recipe with datastores needs the target's tokenizer")
             datastore = models.load_datastore(list(self.datastores), tokenizer)
+        vocab = None  # a draft with another tokenizer drafts the tokens both share
+        if draft is not None and tokenizer is not None and self.draft is not None:
+            vocab = cross_vocab(tokenizer, models.load_tokenizer(self.draft))
         method = presets.from_name(
             self.method, target=model, draft=draft, head=self.head, num_draft=self.num_draft,
             exit_layer=self.exit_layer, tree=self.tree, draft_vocab_size=self.draft_vocab, datastore=datastore,
-            max_nodes=self.max_nodes,
+            max_nodes=self.max_nodes, cross_vocab=vocab,
         )
         if self.acceptance != "speculative":
             method = dataclasses.replace(method, acceptance=RULES[self.acceptance]())
