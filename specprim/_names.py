@@ -24,7 +24,7 @@ DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 QUANTIZE_SCHEMES: tuple[str, ...] = ("int8", "int4", "int8-all", "int4-all")
 VERIFIERS: tuple[str, ...] = ("eager", "static", "compiled")
 
-TRAIN_KINDS: tuple[str, ...] = ("eagle3", "eagle", "medusa", "mtp", "distill")
+TRAIN_KINDS: tuple[str, ...] = ("eagle3", "eagle", "medusa", "mtp", "distill", "parallel")
 """What ``specprim train`` trains (:data:`specprim.train.KINDS`)."""
 
 TREE_SPEC_HELP = ("chain:K | dynamic:depth=D,top_k=K,budget=N | static:W1,W2,... (branching widths by depth, top-k) | "

@@ -7,7 +7,7 @@ import torch
 from _tiny import VOCAB, tiny_causal_lm
 
 from specprim._names import TRAIN_KINDS
-from specprim.drafters import EagleHead, MedusaHeads, MTPHead, head_classes
+from specprim.drafters import EagleHead, MedusaHeads, MTPHead, ParallelHead, head_classes
 from specprim.models import load_head
 from specprim.train import (
     DistillObjective,
@@ -17,6 +17,7 @@ from specprim.train import (
     MedusaObjective,
     MTPObjective,
     ObjectiveOutput,
+    ParallelObjective,
     build_feature_cache,
 )
 from specprim.train._kinds import REGISTRY, TrainKind
@@ -46,7 +47,8 @@ def test_the_registry_names_the_command_lines_kinds_in_order():
 
 EXPECTED = {"eagle3": (EagleObjective, EagleHead), "eagle": (EagleObjective, EagleHead),
             "medusa": (MedusaObjective, MedusaHeads), "mtp": (MTPObjective, MTPHead),
-            "distill": (DistillObjective, type(tiny_causal_lm("llama", seed=1)))}
+            "distill": (DistillObjective, type(tiny_causal_lm("llama", seed=1))),
+            "parallel": (ParallelObjective, ParallelHead)}
 
 
 @pytest.mark.parametrize("kind", TRAIN_KINDS)
@@ -71,7 +73,7 @@ def test_each_kind_builds_its_objective_over_its_module(kind, target, dataset, t
 def test_the_registry_refuses_what_a_kind_cannot_do(target, dataset, tmp_path):
     with pytest.raises(ValueError, match="unknown kind 'eagle2'"):
         build_objective("eagle2", target, dataset)
-    with pytest.raises(ValueError, match=r"align trains unrolled draft depths \(eagle3, eagle, mtp\); 'medusa'"):
+    with pytest.raises(ValueError, match=r"align trains unrolled draft depths \(eagle3, eagle, mtp, parallel\); 'med"):
         build_objective("medusa", target, dataset, align=True)
     with pytest.raises(ValueError, match="needs a draft model"):
         build_objective("distill", target, dataset)

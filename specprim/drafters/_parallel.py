@@ -31,7 +31,7 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from specprim._types import DraftRequest, TargetFeatures
-from specprim.drafters._checkpoint import load_head, save_head
+from specprim.drafters._checkpoint import load_head, register_head, save_head
 from specprim.drafters._eagle_head import EagleHead, causal_mask
 from specprim.drafters._vocab import check_d2t
 
@@ -44,6 +44,7 @@ def _check_num_draft(num_draft: object) -> int:
     return num_draft
 
 
+@register_head
 class ParallelHead(nn.Module):
     """An EAGLE-3 head with ``num_draft - 1`` learned placeholder slots: ``num_draft`` distributions per forward.
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # imported on first use (specprim/_lazy.py)
     from specprim.train._losses import greedy_accuracy, soft_cross_entropy
     from specprim.train._medusa import MedusaObjective
     from specprim.train._objective import EagleObjective, MTPObjective
+    from specprim.train._parallel import ParallelObjective
     from specprim.train._pipeline import KINDS, DataConfig, train_drafter
     from specprim.train._protocol import Objective, ObjectiveOutput
     from specprim.train._trainer import TrainConfig, train

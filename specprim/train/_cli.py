@@ -40,7 +40,8 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--draft-vocab-size", type=int, help="EAGLE: reduced draft vocabulary size")
     parser.add_argument("--init-from", help="continue training this saved head (a directory or a shipped name)")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa heads")
-    parser.add_argument("--steps", type=int, help="unrolled depths (EAGLE-3 training-time test, MTP)")
+    parser.add_argument("--steps", type=int, help="unrolled depths (EAGLE-3 training-time test, MTP); kind "
+                        "'parallel': the positions drafted per forward (default 4)")
     parser.add_argument("--loss-on", choices=("all", "assistant"), default="all")
     parser.add_argument("--align", action="store_true",
                         help="token-alignable training (EAGLE, MTP): a depth counts in the loss only where the "
@@ -69,8 +70,9 @@ def check_train(args: argparse.Namespace) -> None:
         raise UsageError(f"--draft is the draft LM of kind 'distill'; kind {args.kind!r} trains a head")
     if args.kind == "distill" and args.init_from is not None:
         raise UsageError("kind 'distill' trains the --draft model it is given; --init-from does not apply")
-    if args.align and args.kind not in ("eagle3", "eagle", "mtp"):
-        raise UsageError(f"--align trains unrolled draft depths (eagle3, eagle, mtp); kind {args.kind!r} has none")
+    if args.align and args.kind not in ("eagle3", "eagle", "mtp", "parallel"):
+        raise UsageError(f"--align trains unrolled draft depths (eagle3, eagle, mtp, parallel); kind {args.kind!r} "
+                         "has none")
     for option, least in (("num_conversations", 1), ("max_length", 2), ("holdout", 0), ("distill_max_new_tokens", 1),
                           ("distill_batch_size", 1), ("distill_temperature", 0), ("top_k", 1),
                           ("draft_vocab_size", 1), ("num_heads", 1), ("steps", 1), ("batch_tokens", 1),

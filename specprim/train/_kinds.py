@@ -16,11 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from specprim.drafters import EagleHead, MedusaHeads, MTPHead, count_tokens, default_feature_layers
+from specprim.drafters import EagleHead, MedusaHeads, MTPHead, ParallelHead, count_tokens, default_feature_layers
 from specprim.train._features import FeatureDataset, check_shard
 from specprim.train._lm import DistillObjective
 from specprim.train._medusa import MedusaObjective
 from specprim.train._objective import EagleObjective, MTPObjective
+from specprim.train._parallel import ParallelObjective
 from specprim.train._protocol import Objective
 
 __all__ = ["REGISTRY", "KindInputs", "TrainKind", "greedy_token_counts", "train_kind"]
@@ -126,6 +127,28 @@ def _distill_objective(draft: nn.Module, inputs: KindInputs) -> Objective:
     return DistillObjective(draft, loss_on=inputs.loss_on, vocab_size=vocab)
 
 
+PARALLEL_DRAFT = 4
+"""Positions a fresh parallel head drafts per forward when ``steps`` is not given."""
+
+
+def _fresh_parallel(inputs: KindInputs) -> nn.Module:
+    """A random :class:`ParallelHead` drafting ``steps`` (default 4) positions, its EAGLE-3 part built as kind
+    ``eagle3`` builds one (the most frequent greedy tokens as its draft vocabulary)."""
+    eagle = _fresh_eagle(3)(inputs)
+    torch.manual_seed(0)  # the placeholders
+    return ParallelHead(eagle, inputs.steps or PARALLEL_DRAFT)
+
+
+def _parallel_objective(head: nn.Module, inputs: KindInputs) -> Objective:
+    """A saved EAGLE-3 head (``init_from``) becomes the EAGLE-3 part of a parallel head of ``steps`` positions."""
+    if isinstance(head, EagleHead):
+        torch.manual_seed(0)  # the placeholders
+        head = ParallelHead.from_eagle(head, inputs.steps or PARALLEL_DRAFT)
+    elif inputs.steps is not None and inputs.steps != head.num_draft:
+        raise ValueError(f"the saved parallel head drafts {head.num_draft} positions; steps={inputs.steps} differs")
+    return ParallelObjective(head, loss_on=inputs.loss_on, align=inputs.align)
+
+
 REGISTRY: dict[str, TrainKind] = {
     "eagle3": TrainKind(fresh=_fresh_eagle(3), objective=_eagle_objective, is_saved_kind=_is_eagle(3),
                         own_layers=lambda num_layers: default_feature_layers(3, num_layers), unrolled=True),
@@ -135,6 +158,9 @@ REGISTRY: dict[str, TrainKind] = {
     "mtp": TrainKind(fresh=lambda inputs: MTPHead.from_target(inputs.target), objective=_mtp_objective,
                      is_saved_kind=lambda head: isinstance(head, MTPHead), unrolled=True),
     "distill": TrainKind(fresh=_given_draft, objective=_distill_objective),
+    "parallel": TrainKind(fresh=_fresh_parallel, objective=_parallel_objective,
+                          is_saved_kind=lambda head: isinstance(head, ParallelHead) or _is_eagle(3)(head),
+                          own_layers=lambda num_layers: default_feature_layers(3, num_layers), unrolled=True),
 }
 """Kind name -> :class:`TrainKind`, in the order of :data:`specprim._names.TRAIN_KINDS`."""
 

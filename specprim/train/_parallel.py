@@ -6,8 +6,9 @@ at ``i``, token ``x_{i+1}``) at positions ``i`` with a causal mask; step ``k = 1
 every chain at position ``i + k``, seeing the real pairs ``0 .. i`` and its own chain's placeholders ``1 .. k``
 (:func:`specprim.train.unrolled_mask`): exactly what the drafter's one causal forward shows placeholder ``k`` below a
 root at ``i + 1``. Step ``k`` is scored against the target's next-token distribution at position ``i + k + 1``
-(soft cross-entropy on the cached top-K, over the draft vocabulary), weighted ``step_decay ** k``. Unlike EAGLE's
-training-time test, no step feeds on an earlier step's output: placeholders are learned constants.
+(soft cross-entropy on the cached top-K, over the draft vocabulary), weighted ``step_decay ** k``. The loop, the
+loss and the metrics are EAGLE's training-time test's (:func:`specprim.train._unrolled.unrolled_loss`, ``align``
+included); the one difference is that no step feeds on an earlier step's output: placeholders are learned constants.
 
 Metrics: ``acc_k`` (teacher-forced top-1 agreement at depth ``k``), ``chain_k`` (the fraction of chains whose first
 ``k`` argmax tokens all match the target's greedy tokens: ``1 + sum_k chain_k`` estimates a greedy chain's tau),
@@ -17,26 +18,16 @@ Metrics: ``acc_k`` (teacher-forced top-1 agreement at depth ``k``), ``chain_k`` 
 from __future__ import annotations
 
 import os
-from typing import Literal
 
 import torch
 from torch import nn
 
 from specprim.drafters import ParallelHead, target_to_draft
-from specprim.masks import additive_mask
 from specprim.train._features import FeatureBatch, _normalise_layers
-from specprim.train._losses import greedy_accuracy, greedy_hits, soft_cross_entropy
-from specprim.train._objective import ObjectiveOutput, loss_mask, unrolled_mask
+from specprim.train._protocol import LossOn, ObjectiveOutput
+from specprim.train._unrolled import Unrolling, unroll, unrolled_loss
 
 __all__ = ["ParallelObjective"]
-
-
-def _shifted(x: torch.Tensor, offset: int, length: int, fill: float | bool = 0) -> torch.Tensor:
-    """``x[:, offset : offset + length]`` along dim 1, padded with ``fill`` past the end."""
-    out = x.new_full((x.shape[0], length, *x.shape[2:]), fill)
-    piece = x[:, offset : offset + length]
-    out[:, : piece.shape[1]] = piece
-    return out
 
 
 class ParallelObjective(nn.Module):
@@ -44,21 +35,18 @@ class ParallelObjective(nn.Module):
 
     ``module`` is the head (trained and saved); ``layers`` the cached feature layers it reads. ``loss_on``:
     ``"all"`` positions or ``"assistant"`` ones; ``greedy``: the target's top-1 token as a hard label;
-    ``step_decay`` in (0, 1]; ``freeze_eagle``: train the placeholders only (the EAGLE-3 part, e.g. a shipped head
-    loaded with ``ParallelHead.from_eagle``, stays as it is, so ``q_1`` keeps its accuracy).
+    ``step_decay`` in (0, 1]; ``align``: token-alignable training (a depth counts only where the argmax tokens above
+    it matched); ``freeze_eagle``: train the placeholders only (the EAGLE-3 part, e.g. a shipped head wrapped with
+    ``ParallelHead.from_eagle``, stays as it is, so ``q_1`` keeps its accuracy).
     """
 
-    def __init__(self, head: ParallelHead, *, loss_on: Literal["all", "assistant"] = "all", greedy: bool = False,
-                 step_decay: float = 0.8, freeze_eagle: bool = False) -> None:
+    def __init__(self, head: ParallelHead, *, loss_on: LossOn = "all", greedy: bool = False,
+                 step_decay: float = 0.8, align: bool = False, freeze_eagle: bool = False) -> None:
         super().__init__()
         if not isinstance(head, ParallelHead):
             raise TypeError(f"ParallelObjective trains a ParallelHead, got {type(head).__name__}")
-        if not 0 < step_decay <= 1:
-            raise ValueError(f"step_decay must be in (0, 1], got {step_decay}")
-        if loss_on not in ("all", "assistant"):
-            raise ValueError(f"loss_on must be 'all' or 'assistant', got {loss_on!r}")
+        self.unrolling = Unrolling(head.num_draft, loss_on, greedy, step_decay, align=align)
         self.module = head
-        self.loss_on, self.greedy, self.step_decay = loss_on, greedy, step_decay
         config = head.eagle.config
         self.layers = _normalise_layers(config.feature_layers, config.target_num_layers)
         full = config.draft_vocab_size == config.vocab_size
@@ -67,46 +55,35 @@ class ParallelObjective(nn.Module):
         if freeze_eagle:
             head.eagle.requires_grad_(False)
 
+    def forward(self, batch: FeatureBatch) -> ObjectiveOutput:
+        """The loss and metrics of one batch (see :func:`~specprim.train._unrolled.unrolled_loss`)."""
+        d2t = None if self._t2d is None else self.module.eagle.d2t
+        return unrolled_loss(self, batch, self.unrolling, d2t=d2t, t2d=self._t2d)
+
     def depth_logits(self, batch: FeatureBatch) -> list[torch.Tensor]:
         """(B, n, V_d) draft logits of depths ``1 .. K`` for the ``n = T - 1`` chains of ``batch``."""
-        head, ids = self.module, batch.input_ids  # (B, T)
-        length = ids.shape[1] - 1
-        if length < 1:
-            raise ValueError("every batch needs sequences of at least 2 tokens")
-        hidden = head.eagle.fuse([batch.feature(layer) for layer in self.layers])[:, :length]  # (B, n, d)
-        embeds = head.embed(ids[:, 1:])  # (B, n, d) the token x_{i+1} of pair i
-        cache = head.new_cache()
-        logits = []
-        for k in range(head.num_draft):
-            if k:
-                embeds, hidden = (x.expand(-1, length, -1) for x in head.placeholders(ids.shape[0], k, 1))
-            mask = additive_mask(unrolled_mask(length, k), batch_size=ids.shape[0], dtype=hidden.dtype,
-                                 device=hidden.device)  # (B, 1, n, (k + 1) n)
-            positions = torch.arange(length, device=hidden.device) + k  # (n,)
-            out = head.predict(embeds, hidden, position_ids=positions, attention_mask=mask, cache=cache)
-            logits.append(head.draft_logits(out))  # (B, n, V_d)
-        return logits
-
-    def forward(self, batch: FeatureBatch) -> ObjectiveOutput:
-        length = batch.input_ids.shape[1] - 1
-        labels_mask = loss_mask(batch, self.loss_on)  # (B, T)
-        d2t = None if self._t2d is None else self.module.eagle.d2t
-        total = torch.zeros((), dtype=torch.float32, device=batch.input_ids.device)
-        metrics: dict[str, float] = {}
-        aligned = torch.ones_like(labels_mask[:, :length])  # (B, n) chains whose argmax tokens all matched so far
-        for k, logits in enumerate(self.depth_logits(batch)):
-            valid = _shifted(labels_mask, k + 1, length, fill=False)  # (B, n) label position i + k + 1 is real
-            top_ids = _shifted(batch.topk_ids, k + 1, length)  # (B, n, K)
-            top_logprobs = _shifted(batch.topk_logprobs, k + 1, length, fill=float("-inf"))
-            loss = soft_cross_entropy(logits, top_ids, top_logprobs, valid, t2d=self._t2d, greedy=self.greedy)
-            total = total + self.step_decay ** k * loss
-            metrics[f"acc_{k + 1}"] = greedy_accuracy(logits.detach(), top_ids, valid, d2t)[0]
-            aligned = aligned & greedy_hits(logits.detach(), top_ids, d2t)
-            metrics[f"chain_{k + 1}"] = float((aligned & valid).sum()) / max(int(valid.sum()), 1)
-            metrics[f"loss_{k + 1}"] = float(loss.detach())
-        metrics["loss"] = float(total.detach())
-        return ObjectiveOutput(loss=total, metrics=metrics)
+        return [logits for _, logits in unroll(self, batch, self.unrolling.steps)]
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
         """Save the head with its own ``save_pretrained``."""
         self.module.save_pretrained(directory)
+
+    # the UnrolledHead protocol (specprim.train._unrolled), what unroll() calls
+    def initial_state(self, batch: FeatureBatch) -> torch.Tensor:
+        return self.module.eagle.fuse([batch.feature(layer) for layer in self.layers])  # (B, T, d)
+
+    def new_cache(self) -> object:
+        return self.module.new_cache()
+
+    def step(self, tokens: torch.Tensor, state: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+             cache: object) -> tuple[torch.Tensor, torch.Tensor]:
+        """Step ``k`` (its chains sit at positions ``i + k``, so ``k = positions[0]``): the real pairs at ``k = 0``
+        (tokens (B, n), fused features (B, n, d)), placeholder ``k`` of every chain after that (``tokens`` and
+        ``state`` unused). Returns the (B, n, d) outputs and their (B, n, V_d) draft logits."""
+        head, k = self.module, int(positions[0])
+        if k == 0:
+            embeds, hidden = head.embed(tokens), state
+        else:
+            embeds, hidden = (x.expand(-1, tokens.shape[1], -1) for x in head.placeholders(tokens.shape[0], k, 1))
+        out = head.predict(embeds, hidden, position_ids=positions, attention_mask=mask, cache=cache)  # (B, n, d)
+        return out, head.draft_logits(out)

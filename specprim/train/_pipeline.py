@@ -27,7 +27,7 @@ from specprim.train._trainer import TrainConfig, train
 
 __all__ = ["KINDS", "DataConfig", "train_drafter"]
 
-Kind = Literal["eagle3", "eagle", "medusa", "mtp", "distill"]
+Kind = Literal["eagle3", "eagle", "medusa", "mtp", "distill", "parallel"]
 KINDS: tuple[str, ...] = TRAIN_KINDS
 
 
@@ -145,7 +145,9 @@ def train_drafter(
     ``kind``: ``"eagle3"`` (EAGLE-3 head, ``steps`` training-time-test depths, ``draft_vocab_size`` most frequent
     target greedy tokens), ``"eagle"`` (EAGLE-1), ``"medusa"`` (``num_heads`` heads on the target's LM head, their
     residual blocks starting as the identity as in Medusa-1),
-    ``"mtp"`` (DeepSeek-V3 MTP module) or ``"distill"`` (the causal LM ``draft``, for ``ModelDrafter``). Rerunning
+    ``"mtp"`` (DeepSeek-V3 MTP module), ``"parallel"`` (:class:`~specprim.drafters.ParallelHead` drafting ``steps``
+    positions per forward, default 4; ``init_from`` may name an EAGLE-3 head, which becomes its EAGLE-3 part) or
+    ``"distill"`` (the causal LM ``draft``, for ``ModelDrafter``). Rerunning
     with the same ``output_dir`` resumes whichever stage was interrupted.
 
     ``align`` trains the unrolled depths token-alignably (see :class:`specprim.train.EagleObjective`).
