@@ -40,7 +40,11 @@ def mask_draft(tree: DraftTree, masks: torch.Tensor) -> DraftTree:
 
 def mask_logits(logits: torch.Tensor, masks: torch.Tensor) -> torch.Tensor:
     """``logits`` (1, N + 1, V) with every token outside ``masks`` (N + 1, V) bool set to ``-inf``: the constrained
-    target, before temperature, top-k and top-p."""
+    target, before temperature, top-k and top-p. ``ValueError`` when the constraint's vocabulary is not the
+    target's."""
+    if masks.shape[-1] != logits.shape[-1]:
+        raise ValueError(f"the constraint covers {masks.shape[-1]} token ids; the target's vocabulary has "
+                         f"{logits.shape[-1]} (build it with vocab_size= the target's)")
     return logits.masked_fill(~masks.to(logits.device), float("-inf"))
 
 

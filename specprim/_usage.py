@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,3 +53,17 @@ def check_file(option: str, path: str | os.PathLike[str] | None) -> None:
     """Refuse a ``path`` that is not an existing file; ``None`` (not given) passes."""
     if path is not None and not Path(path).is_file():
         raise UsageError(f"{option} {os.fspath(path)}: no such file")
+
+
+def check_json_schema(path: str | os.PathLike[str] | None, option: str = "--json-schema") -> None:
+    """Refuse a ``path`` that is not a file holding a JSON object; ``None`` (not given) passes. (Whether the object
+    is a valid schema, the grammar compiler says once the tokenizer is loaded.)"""
+    if path is None:
+        return
+    check_file(option, path)
+    try:
+        schema = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UsageError(f"{option} {os.fspath(path)}: not valid JSON ({error})") from None
+    if not isinstance(schema, dict):
+        raise UsageError(f"{option} {os.fspath(path)}: a JSON schema must be an object, got {type(schema).__name__}")

@@ -18,7 +18,7 @@ from specprim import models, recipes
 from specprim._lazy import lazy_imports
 from specprim._names import AUTO, METHODS, is_name
 from specprim._tune_cli import add_tune_parser
-from specprim._usage import UsageError, as_usage_error, check_decoding, check_file
+from specprim._usage import UsageError, as_usage_error, check_decoding, check_file, check_json_schema
 from specprim.bench import add_bench_parser
 from specprim.models import check_model
 from specprim.train import add_campaign_parser, add_train_parser
@@ -60,6 +60,22 @@ def _check_generate(args: argparse.Namespace) -> None:
     check_decoding(args)
     check_model("--target", args.target)
     recipes.check_recipe_sources(recipes.given_fields(args))
+    check_json_schema(args.json_schema)
+    if args.json_schema is not None and args.regex is not None:
+        raise UsageError("--json-schema and --regex exclude each other: pass one grammar")
+
+
+def _constraint(args: argparse.Namespace, tokenizer: object, model: torch.nn.Module) -> object | None:
+    """The grammar of ``--json-schema`` or ``--regex`` on the target's vocabulary, or ``None``."""
+    if args.json_schema is None and args.regex is None:
+        return None
+    from specprim.constraints import GrammarConstraint
+
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    if args.json_schema is not None:
+        return GrammarConstraint.json_schema(args.json_schema.read_text(encoding="utf-8"), tokenizer,
+                                             vocab_size=vocab_size)
+    return GrammarConstraint.regex(args.regex, tokenizer, vocab_size=vocab_size)
 
 
 def generate_command(args: argparse.Namespace) -> int:
@@ -81,13 +97,17 @@ def generate_command(args: argparse.Namespace) -> int:
                          prefill_chunk=0)  # one prompt: an eager prefill costs less than compiling one
     sampling = dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     eos = tokenizer.eos_token_id
+    constraint = _constraint(args, tokenizer, model)
 
     def plain(max_new_tokens: int) -> torch.Tensor:
-        return recipes.plain_generate(model, ids, max_new_tokens, eos_token_id=eos, **sampling)
+        processors = None if constraint is None else [constraint.logits_processor(ids.shape[1])]
+        return recipes.plain_generate(model, ids, max_new_tokens, eos_token_id=eos, logits_processor=processors,
+                                      **sampling)
 
     def speculative(max_new_tokens: int):
         generator = torch.Generator().manual_seed(args.seed)
-        return built.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=generator, **sampling)
+        return built.generate(ids, max_new_tokens=max_new_tokens, eos_token_id=eos, generator=generator,
+                              constraint=constraint, **sampling)
 
     static = recipe.verifier != "eager" or recipe.static_draft
     speculative(args.max_new_tokens if static else recipe.warmup_tokens)  # compiles every shape the run meets
@@ -177,6 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int)
     gen.add_argument("--top-p", type=float)
     gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--json-schema", type=Path,
+                     help="constrain the output to JSON valid under this schema file (needs specprim[structured])")
+    gen.add_argument("--regex", help="constrain the output to match this regular expression (needs "
+                                     "specprim[structured])")
     recipes.add_recipe_arguments(gen)
     gen.set_defaults(func=generate_command)
     store = commands.add_parser(

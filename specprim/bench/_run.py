@@ -79,6 +79,18 @@ def _methods(names: Sequence[str], context: MethodContext,
     return built
 
 
+def _constraint(json_schema: str | os.PathLike[str] | Mapping[str, Any] | None, tokenizer: Any,
+                model: Model) -> Any:
+    """The grammar constraint of ``json_schema`` (a dict or a file) on the target's vocabulary, or ``None``."""
+    if json_schema is None:
+        return None
+    from specprim.constraints import GrammarConstraint
+
+    schema = json_schema if isinstance(json_schema, Mapping) else Path(json_schema).read_text(encoding="utf-8")
+    return GrammarConstraint.json_schema(dict(schema) if isinstance(schema, Mapping) else schema, tokenizer,
+                                         vocab_size=model.get_output_embeddings().weight.shape[0])
+
+
 def _check_recipe_fits(label: str, recipe: Recipe, dtype: str, quantize: str | None) -> None:
     """Refuse a recipe method whose target loading differs from the run's (one target model serves every method)."""
     if recipe.dtype != dtype:
@@ -157,6 +169,7 @@ def run(
     warmup_tokens: int = 8,
     progress: bool = False,
     predict: bool = False,
+    json_schema: str | os.PathLike[str] | Mapping[str, Any] | None = None,
     argv: Sequence[str] | None = None,
 ) -> BenchResults:
     """Benchmark ``methods`` against plain ``model.generate`` (``hf``, always measured first) on one target.
@@ -209,6 +222,8 @@ def run(
         plot_dir: where to write the PNG plots, if given.
         predict: time the target's verification against tree size first (:func:`specprim.speedup.
             measure_verify_costs`) and add the speedup model's prediction to every specprim method's summary.
+        json_schema: a JSON schema (a dict, or a file): every method, ``hf`` included, decodes under it
+            (:class:`specprim.constraints.GrammarConstraint`; ``pip install 'specprim[structured]'``).
         argv: the command to record (default ``sys.argv``).
 
     Returns the :class:`BenchResults`. Raises ``ValueError`` for bad arguments, an unknown method or dataset, or a
@@ -266,7 +281,7 @@ def run(
         warmup_tokens = max(warmup_tokens, recipe.warmup_tokens)
     method_map = _methods(names, context, custom or {})
     decoding = Decoding(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        eos_token_id=tokenizer.eos_token_id)
+                        eos_token_id=tokenizer.eos_token_id, constraint=_constraint(json_schema, tokenizer, model))
     _check_decodes(method_map, decoding)
     if static_draft:
         method_map = _drafting_statically(method_map, cache_length)
@@ -298,6 +313,7 @@ def run(
         "datastore": None if datastore is None else repr(datastore), "max_nodes": max_nodes,
         "tree": tree, "acceptance": acceptance, "predict": predict,
         "warmup_tokens": warmup_tokens, "eos_token_id": tokenizer.eos_token_id,
+        "constraint": None if decoding.constraint is None else decoding.constraint.source,
     }
     meta = {
         **environment(list(argv) if argv is not None else None), "settings": settings,

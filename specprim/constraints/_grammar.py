@@ -79,6 +79,13 @@ class GrammarConstraint:
             raise ValueError(f"the grammar {source} admits no output with this vocabulary")
         return constraint
 
+    def logits_processor(self, prompt_length: int) -> Any:
+        """A ``transformers`` logits processor for plain constrained decoding of one sequence whose prompt has
+        ``prompt_length`` tokens (``model.generate(..., logits_processor=[...])``)."""
+        from specprim.constraints._processor import ConstrainedLogits
+
+        return ConstrainedLogits(self, prompt_length)
+
     def begin(self) -> GrammarState:
         """A fresh matcher at the start of the output."""
         matcher = _xgrammar().GrammarMatcher(self.compiled)

@@ -138,16 +138,17 @@ def measure(
 
 
 def plain_generate(model: torch.nn.Module, ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
-                   top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None
-                   ) -> torch.Tensor:
+                   top_k: int | None = None, top_p: float | None = None, eos_token_id: int | None = None,
+                   logits_processor: list[Any] | None = None) -> torch.Tensor:
     """The baseline every speedup is measured against: ``model.generate`` on ``ids`` (1, T) with the stock kernels
-    (the weights as transformers computes them), greedy at ``temperature == 0``, padded with the EOS id. Returns
-    (1, T + n) ids."""
+    (the weights as transformers computes them), greedy at ``temperature == 0``, padded with the EOS id, with
+    ``logits_processor`` (e.g. a constraint's) if given. Returns (1, T + n) ids."""
     sampling = dict(do_sample=True, temperature=temperature, top_k=top_k or 0, top_p=top_p or 1.0) if (
         temperature > 0) else dict(do_sample=False)
     with models.stock_kernels():
         return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                              eos_token_id=eos_token_id, pad_token_id=eos_token_id, **sampling)
+                              eos_token_id=eos_token_id, pad_token_id=eos_token_id, **sampling,
+                              **({"logits_processor": logits_processor} if logits_processor else {}))
 
 
 def _speculative_rate(built: Any, inputs: list[torch.Tensor], max_new_tokens: int, temperature: float,
