@@ -137,6 +137,8 @@ class CampaignHead:
         init_from: continue training this saved head (a directory or a shipped head's name); ``None``: a fresh
             head with ``draft_vocab_size`` draft tokens (the target's most frequent greedy tokens in shard 0).
         draft_vocab_size, steps, loss_on: as ``specprim train eagle3 --draft-vocab-size / --steps / --loss-on``.
+        align, align_topk, hass_topk, hass_weight: token-alignable training and HASS's top-K distillation, as
+            ``specprim train --align / --align-topk / --hass-topk / --hass-weight`` (off by default).
         lr, warmup_steps: AdamW learning rate, constant after a linear warm-up (the data keeps growing, so no
             decay is planned).
         batch_tokens, mixed_precision: padded tokens per batch; ``"bf16"`` autocast or ``"no"``.
@@ -153,6 +155,10 @@ class CampaignHead:
     draft_vocab_size: int = 8192
     steps: int = 3
     loss_on: str = "assistant"
+    align: bool = False
+    align_topk: int = 1
+    hass_topk: int = 0
+    hass_weight: float = 1.0
     lr: float = 3e-4
     warmup_steps: int = 50
     batch_tokens: int = 4096
@@ -171,6 +177,10 @@ class CampaignHead:
             raise ValueError("draft_vocab_size and steps must be >= 1")
         if self.loss_on not in ("all", "assistant"):
             raise ValueError(f"loss_on must be 'all' or 'assistant', got {self.loss_on!r}")
+        if self.align_topk < 1 or (self.align_topk > 1 and not self.align):
+            raise ValueError(f"align_topk must be >= 1, and > 1 only with align, got {self.align_topk}")
+        if self.hass_topk < 0 or not self.hass_weight > 0:
+            raise ValueError(f"hass_topk must be >= 0 and hass_weight > 0, got {self.hass_topk} and {self.hass_weight}")
         if not self.lr > 0 or self.warmup_steps < 0:
             raise ValueError(f"lr must be > 0 and warmup_steps >= 0, got {self.lr} and {self.warmup_steps}")
         if self.mixed_precision not in ("no", "bf16"):
@@ -222,6 +232,9 @@ class Campaign:
                 raise ValueError(f"{name} must be one of {_DTYPES}, got {getattr(self, name)!r}")
         if self.head.batch_tokens < self.data.max_length:
             raise ValueError(f"batch_tokens ({self.head.batch_tokens}) must be >= max_length ({self.data.max_length})")
+        if self.head.hass_topk > self.data.top_k:
+            raise ValueError(f"hass_topk ({self.head.hass_topk}) must be <= top_k ({self.data.top_k}), the target "
+                             "probabilities cached per position")
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -625,7 +638,9 @@ class _Runner:
         from specprim.train._pipeline import build_objective
 
         return build_objective("eagle3", self.target, dataset, draft_vocab_size=self.head.draft_vocab_size,
-                               steps=self.head.steps, loss_on=self.head.loss_on, init_from=self.head.init_from)
+                               steps=self.head.steps, loss_on=self.head.loss_on, init_from=self.head.init_from,
+                               align=self.head.align, align_topk=self.head.align_topk, hass_topk=self.head.hass_topk,
+                               hass_weight=self.head.hass_weight)
 
     def trainer_state(self) -> dict[str, Any]:
         return trainer_state(self.dir / "train")

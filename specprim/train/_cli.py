@@ -46,6 +46,13 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--align", action="store_true",
                         help="token-alignable training (EAGLE, MTP): a depth counts in the loss only where the "
                              "draft's greedy tokens above it matched the target's")
+    parser.add_argument("--align-topk", type=int, default=1,
+                        help="with --align: a depth counts while the target's token was among the draft's K best "
+                             "above it (GRIFFIN's softened mask; default 1, the greedy chain)")
+    parser.add_argument("--hass-topk", type=int, default=0,
+                        help="add HASS's top-K distillation over the target's K most likely tokens to each depth's "
+                             "loss (EAGLE, MTP; K <= --top-k; default 0: off)")
+    parser.add_argument("--hass-weight", type=float, help="weight of the --hass-topk loss (default 1.0)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -73,10 +80,22 @@ def check_train(args: argparse.Namespace) -> None:
     if args.align and args.kind not in ("eagle3", "eagle", "mtp", "parallel"):
         raise UsageError(f"--align trains unrolled draft depths (eagle3, eagle, mtp, parallel); kind {args.kind!r} "
                          "has none")
+    if args.align_topk != 1 and not args.align:
+        raise UsageError("--align-topk softens --align; pass --align too")
+    if args.hass_topk and args.kind not in ("eagle3", "eagle", "mtp", "parallel"):
+        raise UsageError(f"--hass-topk trains unrolled draft depths (eagle3, eagle, mtp, parallel); kind "
+                         f"{args.kind!r} has none")
+    if args.hass_weight is not None and not args.hass_topk:
+        raise UsageError("--hass-weight weighs the --hass-topk loss; pass --hass-topk K too")
+    if args.hass_weight is not None and not args.hass_weight > 0:
+        raise UsageError(f"--hass-weight must be > 0, got {args.hass_weight}")
+    if args.hass_topk > args.top_k:
+        raise UsageError(f"--hass-topk {args.hass_topk} needs that many target probabilities per position; "
+                         f"--top-k keeps {args.top_k}")
     for option, least in (("num_conversations", 1), ("max_length", 2), ("holdout", 0), ("distill_max_new_tokens", 1),
                           ("distill_batch_size", 1), ("distill_temperature", 0), ("top_k", 1),
                           ("draft_vocab_size", 1), ("num_heads", 1), ("steps", 1), ("batch_tokens", 1),
-                          ("threads", 1)):
+                          ("align_topk", 1), ("hass_topk", 0), ("threads", 1)):
         at_least(f"--{option.replace('_', '-')}", getattr(args, option), least)
     if args.data != "sharegpt":
         check_file("--data", args.data)
@@ -116,6 +135,8 @@ def train_command(args: argparse.Namespace) -> int:
         feature_model=feature_model, features_only=args.features_only, draft=draft,
         draft_vocab_size=args.draft_vocab_size, num_heads=args.num_heads, steps=args.steps,
         loss_on=args.loss_on, init_from=args.init_from, batch_tokens=args.batch_tokens, align=args.align,
+        align_topk=args.align_topk, hass_topk=args.hass_topk,
+        hass_weight=1.0 if args.hass_weight is None else args.hass_weight,
     )
     print(f"feature cache: {head}" if args.features_only else f"trained {args.kind}: {head}")
     return 0

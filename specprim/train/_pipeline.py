@@ -103,20 +103,29 @@ def _saved_module(kind: str, target: Any, init_from: str | os.PathLike[str]) -> 
 def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: Any = None,
                     draft_vocab_size: int | None = None, num_heads: int = 4, steps: int | None = None,
                     loss_on: str = "all", init_from: str | os.PathLike[str] | None = None,
-                    align: bool = False) -> Objective:
+                    align: bool = False, align_topk: int = 1, hass_topk: int = 0,
+                    hass_weight: float = 1.0) -> Objective:
     """A draft module of ``kind`` for ``target`` wrapped in its objective (both built by the kind's entry in
     :data:`specprim.train._kinds.REGISTRY`): freshly initialised, or the saved head ``init_from`` (its own config
-    and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored). ``align``: token-alignable
-    training of the unrolled heads (EAGLE, MTP; see :class:`specprim.train.EagleObjective`); ``ValueError`` for
-    other kinds."""
+    and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored). ``align`` (with ``align_topk``)
+    and ``hass_topk`` / ``hass_weight``: token-alignable training and HASS's top-K distillation of the unrolled
+    heads (see :class:`specprim.train._unrolled.Unrolling`); ``ValueError`` for other kinds."""
     entry = train_kind(kind)
-    if align and not entry.unrolled:
+    if (align or hass_topk) and not entry.unrolled:
         unrolled = ", ".join(name for name, other in REGISTRY.items() if other.unrolled)
-        raise ValueError(f"align trains unrolled draft depths ({unrolled}); {kind!r} drafts none")
+        option = "align" if align else "hass_topk"
+        raise ValueError(f"{option} trains unrolled draft depths ({unrolled}); {kind!r} drafts none")
+    if hass_topk > int(dataset.manifest["top_k"]):
+        raise ValueError(f"hass_topk={hass_topk} needs that many target probabilities per position; the feature "
+                         f"cache keeps {dataset.manifest['top_k']} (--top-k)")
     inputs = KindInputs(target=target, dataset=dataset, draft=draft, draft_vocab_size=draft_vocab_size,
                         num_heads=num_heads, steps=steps, loss_on=loss_on, align=align)
     module = entry.fresh(inputs) if init_from is None else _saved_module(kind, target, init_from)
-    return entry.objective(module, inputs)
+    objective = entry.objective(module, inputs)
+    if align_topk != 1 or hass_topk:  # every unrolled objective holds its Unrolling as ``unrolling``
+        objective.unrolling = dataclasses.replace(objective.unrolling, align_topk=align_topk, hass_topk=hass_topk,
+                                                  hass_weight=hass_weight)
+    return objective
 
 
 def train_drafter(
@@ -139,6 +148,9 @@ def train_drafter(
     batch_tokens: int = 8192,
     progress: bool = True,
     align: bool = False,
+    align_topk: int = 1,
+    hass_topk: int = 0,
+    hass_weight: float = 1.0,
 ) -> Path:
     """Train a draft module of ``kind`` for ``target`` end to end; returns ``output_dir / "run" / "head"``.
 
@@ -150,7 +162,8 @@ def train_drafter(
     ``"distill"`` (the causal LM ``draft``, for ``ModelDrafter``). Rerunning
     with the same ``output_dir`` resumes whichever stage was interrupted.
 
-    ``align`` trains the unrolled depths token-alignably (see :class:`specprim.train.EagleObjective`).
+    ``align`` trains the unrolled depths token-alignably, ``align_topk`` softens it, and ``hass_topk`` adds HASS's
+    top-K distillation weighted ``hass_weight`` (see :class:`specprim.train._unrolled.Unrolling`).
 
     ``init_from`` continues training a saved head (a directory or a shipped head's name) instead of a fresh one,
     e.g. on a new, larger feature cache in a new ``output_dir``.
@@ -171,12 +184,13 @@ def train_drafter(
     dataset = FeatureDataset(directory, batch_tokens=batch_tokens, max_length=data.max_length, seed=config.seed,
                              holdout=data.holdout)
     objective = build_objective(kind, target, dataset, draft=draft, draft_vocab_size=draft_vocab_size,
-                                num_heads=num_heads, steps=steps, loss_on=loss_on, init_from=init_from, align=align)
+                                num_heads=num_heads, steps=steps, loss_on=loss_on, init_from=init_from, align=align,
+                                align_topk=align_topk, hass_topk=hass_topk, hass_weight=hass_weight)
     (output / "run").mkdir(exist_ok=True)
     (output / "run" / "settings.json").write_text(json.dumps({
         "kind": kind, "data": dataclasses.asdict(data), "train": dataclasses.asdict(config),
         "draft_vocab_size": draft_vocab_size, "num_heads": num_heads, "steps": steps, "loss_on": loss_on,
-        "align": align,
+        "align": align, "align_topk": align_topk, "hass_topk": hass_topk, "hass_weight": hass_weight,
         "batch_tokens": batch_tokens, "features": str(directory),
         "init_from": None if init_from is None else os.fspath(init_from),
     }, indent=1))

@@ -13,6 +13,7 @@ from typing import Protocol
 import torch
 
 from specprim.masks import additive_mask
+from specprim.train._alignment import draft_topk_hits, topk_distillation_loss
 from specprim.train._features import FeatureBatch
 from specprim.train._losses import greedy_accuracy, greedy_hits, soft_cross_entropy
 from specprim.train._protocol import LossOn, ObjectiveOutput, check_loss_on, loss_mask, shift
@@ -57,6 +58,13 @@ class Unrolling:
     no longer pull the head. Every step's metrics count all positions either way, and ``chain_{k+1}`` is the
     fraction of chains whose first ``k + 1`` greedy tokens all match: the probability that a greedy chain of that
     depth is accepted whole, so ``1 + sum_k chain_k`` is a held-out, teacher-forced estimate of a greedy chain's tau.
+    ``align_topk`` softens ``align`` as GRIFFIN does: a chain stays in the loss while the target's greedy token is
+    among the draft's ``align_topk`` best tokens at every earlier depth (the chains a tree with ``align_topk``
+    children per node can still reach; 1: the greedy chain). The ``chain_k`` metrics stay greedy.
+
+    ``hass_topk`` (harmonized objective distillation, after HASS; 0: off) adds ``hass_weight`` x
+    :func:`~specprim.train._alignment.topk_distillation_loss` over the target's ``hass_topk`` most likely tokens to
+    each depth's loss, on the positions its cross-entropy counts.
     """
 
     steps: int
@@ -65,6 +73,9 @@ class Unrolling:
     step_decay: float = 0.8
     ce_weight: float = 1.0
     align: bool = False
+    align_topk: int = 1
+    hass_topk: int = 0
+    hass_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -72,6 +83,10 @@ class Unrolling:
         if not 0 < self.step_decay <= 1:
             raise ValueError(f"step_decay must be in (0, 1], got {self.step_decay}")
         check_loss_on(self.loss_on)
+        if self.align_topk < 1 or (self.align_topk > 1 and not self.align):
+            raise ValueError(f"align_topk must be >= 1, and > 1 only with align, got {self.align_topk}")
+        if self.hass_topk < 0 or not self.hass_weight > 0:
+            raise ValueError(f"hass_topk must be >= 0 and hass_weight > 0, got {self.hass_topk} and {self.hass_weight}")
 
 
 def unrolled_mask(length: int, step: int) -> torch.Tensor:
@@ -117,7 +132,8 @@ def unrolled_loss(head: UnrolledHead, batch: FeatureBatch, unrolling: Unrolling,
     labels_mask = loss_mask(batch, unrolling.loss_on)  # (B, T)
     total = torch.zeros((), dtype=torch.float32, device=batch.input_ids.device)
     metrics: dict[str, float] = {}
-    aligned = torch.ones_like(labels_mask[:, :length])  # (B, n) chains whose greedy tokens all matched so far
+    chained = torch.ones_like(labels_mask[:, :length])  # (B, n) chains whose greedy tokens all matched so far
+    aligned = chained  # (B, n) chains still in the loss (align: the target's tokens in the draft's align_topk best)
     for k, (state, logits) in enumerate(unroll(head, batch, unrolling.steps)):
         valid = shift(labels_mask, k + 1, length, fill=False)  # (B, n) label position i + k + 1 is real
         top_ids = shift(batch.topk_ids, k + 1, length)  # (B, n, K)
@@ -125,13 +141,20 @@ def unrolled_loss(head: UnrolledHead, batch: FeatureBatch, unrolling: Unrolling,
         trained = valid & aligned if unrolling.align else valid
         loss = unrolling.ce_weight * soft_cross_entropy(logits, top_ids, top_logprobs, trained, t2d=t2d,
                                                         greedy=unrolling.greedy)
+        if unrolling.hass_topk:
+            loss = loss + unrolling.hass_weight * topk_distillation_loss(logits, top_ids, top_logprobs, trained,
+                                                                         unrolling.hass_topk, t2d=t2d)
         extra = None if extra_loss is None else extra_loss(state, batch, k + 1, valid)
         if extra is not None:
             loss = loss + extra
         total = total + unrolling.step_decay ** k * loss
         metrics[f"acc_{k + 1}"] = greedy_accuracy(logits.detach(), top_ids, valid, d2t)[0]
-        aligned = aligned & greedy_hits(logits.detach(), top_ids, d2t)
-        metrics[f"chain_{k + 1}"] = float((aligned & valid).sum()) / max(int(valid.sum()), 1)
+        hits = greedy_hits(logits.detach(), top_ids, d2t)  # (B, n)
+        chained = chained & hits
+        if unrolling.align_topk > 1:
+            hits = draft_topk_hits(logits.detach(), top_ids[..., 0], unrolling.align_topk, d2t)
+        aligned = aligned & hits
+        metrics[f"chain_{k + 1}"] = float((chained & valid).sum()) / max(int(valid.sum()), 1)
         metrics[f"loss_{k + 1}"] = float(loss.detach())
     metrics["loss"] = float(total.detach())
     return ObjectiveOutput(loss=total, metrics=metrics)
