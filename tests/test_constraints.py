@@ -247,3 +247,10 @@ def test_a_constraint_for_another_vocabulary_is_refused():
     with pytest.raises(ValueError, match="vocabulary has 6"):
         speculative_generate(SMALL_TARGET, torch.tensor([[2, 3]]), drafter=ModelDrafter(SMALL_DRAFT, Chain(2)),
                              acceptance=Greedy(), max_new_tokens=2, constraint=other)
+
+
+def test_generation_stops_once_the_grammar_is_complete_without_an_eos_to_stop_on():
+    out = speculative_generate(JSON_TARGET, PROMPT, drafter=ModelDrafter(JSON_DRAFT, Chain(4)), acceptance=Greedy(),
+                               max_new_tokens=60, constraint=JSON, eos_token_id=None)
+    new = out.sequences[0, PROMPT.shape[1]:].tolist()
+    assert new[-1] == 1 and new.count(1) == 1 and len(new) < 60 and valid(json.loads(text(new)))

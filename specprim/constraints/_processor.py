@@ -22,9 +22,10 @@ class ConstrainedLogits:
         """``input_ids`` (1, T), ``scores`` (1, V) -> the masked scores."""
         if input_ids.shape[0] != 1:
             raise ValueError("a constraint applies to one sequence")
-        self.state.advance(input_ids[0, self.seen:].tolist())
+        if not self.state.finished:
+            self.state.advance(input_ids[0, self.seen:].tolist())
         self.seen = input_ids.shape[1]
-        if self.state.finished:  # only a stop token was left; generate stops on it
+        if self.state.finished:  # complete: generate stops on its EOS, or runs out its budget
             return scores
         allowed = self.state.allowed(_EMPTY)[1][0]  # (V,)
         return scores.masked_fill(~allowed.to(scores.device), float("-inf"))
