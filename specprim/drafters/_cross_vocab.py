@@ -61,6 +61,8 @@ class CrossVocab:
         self.to_draft = torch.full((max(len(target_tokenizer), int(self.target_ids.max()) + 1),), -1,
                                    dtype=torch.long)  # (V_t,)
         self.to_draft[self.target_ids] = self.draft_ids
+        self._largest = (int(self.target_ids.max()), int(self.draft_ids.max()))  # checked against the models' sizes
+        self._on_device: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def __len__(self) -> int:
         """The number of shared tokens."""
@@ -74,23 +76,28 @@ class CrossVocab:
         """(..., V_d) draft logits -> (..., V) target logits: the shared tokens' logits at their target ids,
         ``-inf`` everywhere else, so a softmax is the draft's distribution restricted to the shared tokens and
         renormalised."""
-        if int(self.target_ids[-1]) >= vocab_size or int(self.draft_ids.max()) >= draft_logits.shape[-1]:
+        if self._largest[0] >= vocab_size or self._largest[1] >= draft_logits.shape[-1]:
             raise ValueError(f"the shared tokens' ids exceed the models' vocabularies (target {vocab_size}, draft "
                              f"{draft_logits.shape[-1]}): the tokenizers are not these models'")
-        device = draft_logits.device
+        target_ids, draft_ids, _ = self._tables(draft_logits.device)
         out = draft_logits.new_full((*draft_logits.shape[:-1], vocab_size), float("-inf"))
-        shared = draft_logits.index_select(-1, self.draft_ids.to(device))  # (..., S)
-        return out.index_copy(-1, self.target_ids.to(device), shared)
+        return out.index_copy(-1, target_ids, draft_logits.index_select(-1, draft_ids))  # (..., V)
 
     def draft_tokens(self, target_tokens: torch.Tensor) -> torch.Tensor:
         """Target ids (any shape, all shared tokens) -> the draft's ids. ``ValueError`` for a token not shared."""
-        table = self.to_draft.to(target_tokens.device)
+        table = self._tables(target_tokens.device)[2]  # (V_t,)
         inside = (target_tokens >= 0) & (target_tokens < table.numel())
         mapped = torch.where(inside, table[target_tokens.clamp(0, table.numel() - 1)], -1)
         if bool((mapped < 0).any()):
             raise ValueError("a drafted token is not one the tokenizers share; cross-tokenizer drafts propose shared "
                              "tokens only")
         return mapped
+
+    def _tables(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``target_ids``, ``draft_ids`` and ``to_draft`` on ``device`` (copied once per device)."""
+        if device not in self._on_device:
+            self._on_device[device] = tuple(t.to(device) for t in (self.target_ids, self.draft_ids, self.to_draft))
+        return self._on_device[device]
 
 
 def token_keys(tokenizer: Any) -> dict[tuple[str, bytes | str], int]:
