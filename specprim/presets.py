@@ -67,10 +67,11 @@ class Method:
         Under greedy decoding (``temperature`` 0 or absent) a plain :class:`SpeculativeSampling` rule is replaced by
         :class:`Greedy`: for the deterministic, distinct-sibling trees greedy drafting builds, both accept the same
         path and the same next token, and ``Greedy`` costs a quarter of the time (one argmax instead of a walk of
-        vocabulary-wide residuals). Any other rule, including subclasses, is used as given.
+        vocabulary-wide residuals). Any other rule, including one with steps of its own (``steps=``,
+        ``without_rejected=``), is used as given.
         """
         acceptance = self.acceptance
-        if type(acceptance) is SpeculativeSampling and not kwargs.get("temperature"):
+        if acceptance == SpeculativeSampling() and not kwargs.get("temperature"):  # the plain rule, nothing replaced
             acceptance = Greedy()
         return speculative_generate(target, input_ids, drafter=self.drafter, acceptance=acceptance, **kwargs)
 

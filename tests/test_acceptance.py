@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from specprim._types import DraftTree, Verdict
 from specprim.acceptance import AcceptanceRule, Greedy, SpeculativeSampling, TypicalAcceptance
 from specprim.acceptance._base import TreeTables
+from specprim.acceptance._speculative import WalkSteps
 from specprim.testing import check_verdict, draw_tree, trees, verification_problems
 
 RULES = [Greedy(), SpeculativeSampling(), TypicalAcceptance()]
@@ -106,12 +107,12 @@ def test_sampling_rules_reduce_to_greedy_on_one_hot_targets(
 
 
 def assert_walk_equals_the_general_walk(walk: str, p: torch.Tensor, tree: DraftTree, seed: int) -> None:
-    """``SpeculativeSampling``'s walk named ``walk`` and its general ``_walk`` give the same verdicts for one seed,
-    and calling the rule gives that path too."""
+    """``SpeculativeSampling``'s walk named ``walk`` and its general walk (the rule as stated, taken when it is given
+    its ``WalkSteps``) give the same verdicts for one seed, and calling the rule gives that path too."""
     rule = SpeculativeSampling()
     tables = TreeTables.of(tree, p.device)
     fast = getattr(rule, walk)(p, tree, tables, torch.Generator().manual_seed(seed))
-    general = rule._walk(p, tree, tables, torch.Generator().manual_seed(seed))
+    general = SpeculativeSampling(steps=WalkSteps())(p, tree, generator=torch.Generator().manual_seed(seed))
     assert torch.equal(fast.path, general.path) and torch.equal(fast.num_accepted, general.num_accepted)
     assert torch.equal(fast.next_token, general.next_token)
     assert torch.equal(rule(p, tree, generator=torch.Generator().manual_seed(seed)).path, fast.path)

@@ -14,6 +14,7 @@ from hypothesis import given, settings
 
 from specprim._types import DraftTree, validate_parents
 from specprim.acceptance import Greedy, SpeculativeSampling, TypicalAcceptance
+from specprim.acceptance._speculative import WalkSteps, sibling_proposal
 from specprim.residual import residual
 from specprim.testing import (
     ContextTable,
@@ -38,48 +39,51 @@ SCHEMES = ["iid", "without_replacement", "deterministic"]
 # --- deliberately broken variants (test-only) -------------------------------------------------------------
 
 
-class NoResidual(SpeculativeSampling):
-    """(a) After a rejection, sample from the node's target p instead of the residual."""
-
-    def _after_rejection(
-        self, target: torch.Tensor, proposal: torch.Tensor, p_row: torch.Tensor
-    ) -> torch.Tensor:
-        return p_row
+def _no_residual(target: torch.Tensor, proposal: torch.Tensor, p_row: torch.Tensor) -> torch.Tensor:
+    return p_row
 
 
-class QOneShortcut(SpeculativeSampling):
-    """(b) Accept an iid draft with probability p(x), as if q(x) were 1, but keep the residual against q."""
-
-    def _acceptance_probability(self, r_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-        return torch.where(q_x > 0, r_x, torch.zeros_like(r_x))
+NO_RESIDUAL = SpeculativeSampling(steps=WalkSteps(after_rejection=_no_residual))
+"""(a) After a rejection, sample from the node's target p instead of the residual."""
 
 
-class IidAsDeterministic(SpeculativeSampling):
-    """Verify every draft as if it were deterministic (accept with p(x), remove x on rejection).
-
-    Not broken: conditional on any tokens drawn independently of the verifier's uniforms, the deterministic
-    procedure is exact, so this is lossless — just with a lower acceptance rate. The check must accept it.
-    """
-
-    def _sibling_proposal(self, sampling, q_row, excluded, token, p_row):  # type: ignore[no-untyped-def]
-        return super()._sibling_proposal("deterministic", None, excluded, token, p_row)
+def _q_one(r_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    return torch.where(q_x > 0, r_x, torch.zeros_like(r_x))
 
 
-class NoRenormalisation(SpeculativeSampling):
-    """(c) Without replacement: zero the earlier siblings' tokens in q but forget to renormalise."""
-
-    def _sibling_proposal(self, sampling, q_row, excluded, token, p_row):  # type: ignore[no-untyped-def]
-        if sampling == "without_replacement":
-            return q_row.masked_fill(excluded, 0.0)
-        return super()._sibling_proposal(sampling, q_row, excluded, token, p_row)
+Q_ONE_SHORTCUT = SpeculativeSampling(steps=WalkSteps(acceptance_probability=_q_one))
+"""(b) Accept an iid draft with probability p(x), as if q(x) were 1, but keep the residual against q."""
 
 
-class KeepsRejectedTokens(SpeculativeSampling):
-    """(d) Deterministic drafts (the scalar walk): draw the next token from the end node's target without removing
-    the siblings rejected there."""
+def _as_deterministic(sampling, q_row, excluded, token, p_row):  # type: ignore[no-untyped-def]
+    return sibling_proposal("deterministic", None, excluded, token, p_row)
 
-    def _without_rejected(self, p_row: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-        return p_row
+
+IID_AS_DETERMINISTIC = SpeculativeSampling(steps=WalkSteps(sibling_proposal=_as_deterministic))
+"""Verify every draft as if it were deterministic (accept with p(x), remove x on rejection).
+
+Not broken: conditional on any tokens drawn independently of the verifier's uniforms, the deterministic
+procedure is exact, so this is lossless — just with a lower acceptance rate. The check must accept it.
+"""
+
+
+def _unnormalised(sampling, q_row, excluded, token, p_row):  # type: ignore[no-untyped-def]
+    if sampling == "without_replacement":
+        return q_row.masked_fill(excluded, 0.0)
+    return sibling_proposal(sampling, q_row, excluded, token, p_row)
+
+
+NO_RENORMALISATION = SpeculativeSampling(steps=WalkSteps(sibling_proposal=_unnormalised))
+"""(c) Without replacement: zero the earlier siblings' tokens in q but forget to renormalise."""
+
+
+def _keeps_rejected(p_row: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    return p_row
+
+
+KEEPS_REJECTED_TOKENS = SpeculativeSampling(without_rejected=_keeps_rejected)
+"""(d) Deterministic drafts (the scalar walk): draw the next token from the end node's target without removing
+the siblings rejected there."""
 
 
 def check(rule: Rule, shape: str, sampling: str, **kwargs: object) -> LosslessReport:
@@ -132,7 +136,7 @@ def test_greedy_is_lossless_for_greedy_decoding_only() -> None:
 
 def test_deterministic_verification_of_iid_drafts_is_lossless_but_slower() -> None:
     exact = check(SpeculativeSampling(), "tree", "iid")
-    wasteful = check(IidAsDeterministic(), "tree", "iid")
+    wasteful = check(IID_AS_DETERMINISTIC, "tree", "iid")
     assert wasteful.mean_accepted < exact.mean_accepted - 0.2
 
 
@@ -143,21 +147,21 @@ def test_deterministic_verification_of_iid_drafts_is_lossless_but_slower() -> No
     ("shape", "sampling"), [("chain", "iid"), ("tree", "without_replacement"), ("tree", "deterministic")]
 )
 def test_rejects_missing_residual(shape: str, sampling: str) -> None:
-    rejects(NoResidual(), shape, sampling)
+    rejects(NO_RESIDUAL, shape, sampling)
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_rejects_deterministic_walk_that_keeps_rejected_tokens(shape: str) -> None:
-    rejects(KeepsRejectedTokens(), shape, "deterministic")
+    rejects(KEEPS_REJECTED_TOKENS, shape, "deterministic")
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 def test_rejects_q_equals_one_shortcut_on_iid_drafts(shape: str) -> None:
-    rejects(QOneShortcut(), shape, "iid")
+    rejects(Q_ONE_SHORTCUT, shape, "iid")
 
 
 def test_rejects_unnormalised_without_replacement_proposal() -> None:
-    rejects(NoRenormalisation(), "tree", "without_replacement")
+    rejects(NO_RENORMALISATION, "tree", "without_replacement")
 
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
@@ -290,4 +294,4 @@ def test_tree_strategy_yields_valid_parents(parents: list[int]) -> None:
 def test_residual_is_what_the_rule_uses() -> None:
     # Guard against the rule silently diverging from the public residual (the docs promise they agree).
     p, q = torch.tensor([[0.2, 0.8]]), torch.tensor([[0.6, 0.4]])
-    assert torch.equal(SpeculativeSampling()._after_rejection(p, q, p), residual(p, q))
+    assert torch.equal(WalkSteps().after_rejection(p, q, p), residual(p, q))

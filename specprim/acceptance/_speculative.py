@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -11,6 +12,56 @@ from specprim._types import DraftTree, Sampling, Verdict
 from specprim.acceptance._base import TreeTables, rows_at, validate_inputs, verdict_at
 from specprim.residual import residual
 from specprim.sampling import sample
+
+
+def sibling_proposal(
+    sampling: Sampling, q_row: torch.Tensor | None, excluded: torch.Tensor, token: torch.Tensor, p_row: torch.Tensor
+) -> torch.Tensor:
+    """The distribution sibling ``token`` was drawn from, given the earlier siblings.
+
+    Args: q_row (B, V) or ``None``; excluded (B, V) bool, the earlier siblings' tokens; token (B,);
+    p_row (B, V) the target at the current node (unused here, available to ablations).
+    Returns: (B, V).
+    """
+    if sampling == "deterministic" or q_row is None:
+        return torch.zeros_like(p_row).scatter_(1, token.unsqueeze(1), 1.0)
+    if sampling == "iid":
+        return q_row
+    remaining = q_row.masked_fill(excluded, 0.0)  # (B, V)
+    mass = remaining.sum(dim=-1, keepdim=True)  # (B, 1)
+    return remaining / torch.where(mass > 0, mass, torch.ones_like(mass))
+
+
+def acceptance_probability(r_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """(B,) ``r(x)``, (B,) ``q_k(x)`` -> (B,) ``min(1, r(x) / q_k(x))``, 0 where ``q_k(x) == 0``."""
+    safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
+    return torch.where(q_x > 0, (r_x / safe_q).clamp(max=1.0), torch.zeros_like(r_x))
+
+
+def after_rejection(target: torch.Tensor, proposal: torch.Tensor, p_row: torch.Tensor) -> torch.Tensor:
+    """(B, V) target, (B, V) rejected proposal, (B, V) node's target -> (B, V) the new target: the residual."""
+    return residual(target, proposal)
+
+
+def without_rejected(p_row: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """(B, V) the end node's target, (B, K) tokens rejected there (-1: none) -> (B, V) what the next token is
+    drawn from: ``p_row`` with the rejected tokens zeroed (unnormalised; ``p_row`` itself if nothing is left)."""
+    hits = torch.zeros(p_row.shape, dtype=torch.int32, device=p_row.device)  # (B, V)
+    hits.scatter_add_(1, rejected.clamp_min(0), (rejected >= 0).to(torch.int32))
+    target = p_row.masked_fill(hits > 0, 0.0)
+    return torch.where(target.sum(dim=1, keepdim=True) > 0, target, p_row)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WalkSteps:
+    """The steps of speculative sampling as stated, each a function (the exact ones by default): what
+    ``SpeculativeSampling(steps=...)`` walks with. An ablation replaces one (the tests break each on purpose and
+    check that the losslessness check notices)."""
+
+    sibling_proposal: Callable[[Sampling, torch.Tensor | None, torch.Tensor, torch.Tensor, torch.Tensor],
+                               torch.Tensor] = sibling_proposal
+    acceptance_probability: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = acceptance_probability
+    after_rejection: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] = after_rejection
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -39,26 +90,32 @@ class SpeculativeSampling:
     *without* updating ``r`` — which is exactly what the rule would do had the sibling not been drafted, so
     such junk never biases the output (``min(1, r/0)`` would otherwise accept it unconditionally).
 
-    ``_sibling_proposal``, ``_acceptance_probability`` and ``_after_rejection`` are the steps an ablation
-    may override (the tests break each one on purpose and check that the losslessness check notices).
+    Code paths: by default deterministic drafts take a walk over all siblings of a level at once and sampled ones
+    a walk over unnormalised targets (the same verdicts, fewer vocabulary-wide passes). ``steps`` (a
+    :class:`WalkSteps`, for ablations) makes every tree take the rule as stated over those steps instead;
+    ``without_rejected`` is what the deterministic walk draws the next token from (an ablation may replace it too).
     Randomness: uniforms and the final sample come from ``generator`` only.
     """
 
     lossless: ClassVar[bool] = True
+    steps: WalkSteps | None = dataclasses.field(default=None, repr=False)
+    without_rejected: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = dataclasses.field(
+        default=without_rejected, repr=False)
 
     def __call__(self, p: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None) -> Verdict:
         validate_inputs(p, tree)
         tables = TreeTables.of(tree, p.device)
-        if self._overrides_a_step():
-            return self._walk(p, tree, tables, generator)
+        if self.steps is not None:
+            return self._walk(p, tree, tables, self.steps, generator)
         if tree.sampling == "deterministic" or tree.q is None:
             return self._deterministic_walk(p, tree, tables, generator)
         return self._sampled_walk(p, tree, tables, generator)
 
     def _walk(
-        self, p: torch.Tensor, tree: DraftTree, tables: TreeTables, generator: torch.Generator | None
+        self, p: torch.Tensor, tree: DraftTree, tables: TreeTables, steps: WalkSteps,
+        generator: torch.Generator | None
     ) -> Verdict:
-        """The rule as stated, over whole (B, V) rows: every sampling scheme, and every overridden step."""
+        """The rule as stated, over whole (B, V) rows, with ``steps``: every sampling scheme."""
         batch, _, vocab = p.shape
         q = None if tree.sampling == "deterministic" or tree.q is None else tree.q.to(p.dtype)
         node = torch.full((batch,), -1, dtype=torch.long, device=p.device)  # (B,) current node
@@ -75,12 +132,12 @@ class SpeculativeSampling:
                 child = kids[:, rank]  # (B,) -1 where the node has fewer children
                 trying = walking & ~moved & (child >= 0)
                 token = tree.tokens.gather(1, child.clamp_min(0).unsqueeze(1)).squeeze(1)  # (B,)
-                proposal = self._sibling_proposal(tree.sampling, q_row, excluded, token, p_row)  # (B, V)
+                proposal = steps.sibling_proposal(tree.sampling, q_row, excluded, token, p_row)  # (B, V)
                 q_x = proposal.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
                 r_x = target.gather(1, token.unsqueeze(1)).squeeze(1)  # (B,)
-                accept = trying & (uniforms[:, rank] < self._acceptance_probability(r_x, q_x))
+                accept = trying & (uniforms[:, rank] < steps.acceptance_probability(r_x, q_x))
                 reject = trying & ~accept & (q_x > 0)  # zero-q siblings are skipped, r unchanged
-                after = self._after_rejection(target, proposal, p_row)  # (B, V)
+                after = steps.after_rejection(target, proposal, p_row)  # (B, V)
                 target = torch.where(reject.unsqueeze(1), after, target)
                 target = torch.where(accept.unsqueeze(1), rows_at(p, child), target)
                 node = torch.where(accept, child, node)
@@ -129,7 +186,7 @@ class SpeculativeSampling:
             p_row = torch.where(moved.unsqueeze(1), rows_at(p, torch.where(moved, child, -1)), p_row)
             node = torch.where(moved, child, node)
             walking = moved
-        next_token = sample(self._without_rejected(p_row, rejected), generator)  # (B,)
+        next_token = sample(self.without_rejected(p_row, rejected), generator)  # (B,)
         return verdict_at(node, next_token, tables)
 
     def _sampled_walk(
@@ -168,7 +225,7 @@ class SpeculativeSampling:
                 safe_mass = torch.where(mass > 0, mass, torch.ones_like(mass))
                 q_x = q_token / safe_mass  # (B,)
                 r_x = u.gather(1, token).squeeze(1) / z  # (B,)
-                accept = trying & (uniforms[:, rank] < self._acceptance_probability(r_x, q_x))
+                accept = trying & (uniforms[:, rank] < acceptance_probability(r_x, q_x))
                 reject = trying & ~accept & (q_x > 0)  # zero-q siblings are skipped, r unchanged
                 if _maybe_any(reject):
                     diff = torch.addcmul(u, q_left, (-z / safe_mass).unsqueeze(1)).clamp_min_(0.0)  # (B, V)
@@ -186,52 +243,6 @@ class SpeculativeSampling:
             walking = moved
         next_token = sample(u, generator)  # (B,)
         return verdict_at(node, next_token, tables)
-
-    def _without_rejected(self, p_row: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
-        """(B, V) the end node's target, (B, K) tokens rejected there (-1: none) -> (B, V) what the next token is
-        drawn from: ``p_row`` with the rejected tokens zeroed (unnormalised; ``p_row`` itself if nothing is left)."""
-        hits = torch.zeros(p_row.shape, dtype=torch.int32, device=p_row.device)  # (B, V)
-        hits.scatter_add_(1, rejected.clamp_min(0), (rejected >= 0).to(torch.int32))
-        target = p_row.masked_fill(hits > 0, 0.0)
-        return torch.where(target.sum(dim=1, keepdim=True) > 0, target, p_row)
-
-    def _overrides_a_step(self) -> bool:
-        """Whether a subclass replaced one of the rule's steps; it then always takes the general walk."""
-        steps = ("_sibling_proposal", "_acceptance_probability", "_after_rejection")
-        return any(getattr(type(self), name) is not getattr(SpeculativeSampling, name) for name in steps)
-
-    def _sibling_proposal(
-        self,
-        sampling: Sampling,
-        q_row: torch.Tensor | None,
-        excluded: torch.Tensor,
-        token: torch.Tensor,
-        p_row: torch.Tensor,
-    ) -> torch.Tensor:
-        """The distribution sibling ``token`` was drawn from, given the earlier siblings.
-
-        Args: q_row (B, V) or ``None``; excluded (B, V) bool, the earlier siblings' tokens; token (B,);
-        p_row (B, V) the target at the current node (unused here, available to ablations).
-        Returns: (B, V).
-        """
-        if sampling == "deterministic" or q_row is None:
-            return torch.zeros_like(p_row).scatter_(1, token.unsqueeze(1), 1.0)
-        if sampling == "iid":
-            return q_row
-        remaining = q_row.masked_fill(excluded, 0.0)  # (B, V)
-        mass = remaining.sum(dim=-1, keepdim=True)  # (B, 1)
-        return remaining / torch.where(mass > 0, mass, torch.ones_like(mass))
-
-    def _acceptance_probability(self, r_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
-        """(B,) ``r(x)``, (B,) ``q_k(x)`` -> (B,) ``min(1, r(x) / q_k(x))``, 0 where ``q_k(x) == 0``."""
-        safe_q = torch.where(q_x > 0, q_x, torch.ones_like(q_x))
-        return torch.where(q_x > 0, (r_x / safe_q).clamp(max=1.0), torch.zeros_like(r_x))
-
-    def _after_rejection(
-        self, target: torch.Tensor, proposal: torch.Tensor, p_row: torch.Tensor
-    ) -> torch.Tensor:
-        """(B, V) target, (B, V) rejected proposal, (B, V) node's target -> (B, V) the new target."""
-        return residual(target, proposal)
 
 
 def _maybe_any(mask: torch.Tensor) -> bool:
