@@ -214,3 +214,16 @@ def test_recipe_drafts_across_tokenizers_when_they_differ(vocab, target, tmp_pat
     assert isinstance(same.method.drafter.model, LMDraftModel)
     method = presets.from_name("leviathan", target=target, draft=draft, cross_vocab=vocab)
     assert isinstance(method.drafter.model, CrossVocabDraftModel)
+
+
+def test_loading_a_draft_whose_tokenizer_shares_too_little_fails_in_one_line(vocab, tmp_path):
+    from specprim.recipes import load_draft
+
+    peaked_draft().save_pretrained(tmp_path / "draft")
+    vocab.draft_tokenizer.save_pretrained(tmp_path / "draft")
+    recipe = Recipe(method="leviathan", draft=str(tmp_path / "draft"))
+    assert load_draft(recipe, vocab.target_tokenizer).config.vocab_size == len(DRAFT_VOCAB)
+    unrelated = byte_level_tokenizer({"x": 0, "y": 1, "z": 2, "xy": 3}, [("x", "y")])
+    with pytest.raises(ValueError, match="share 0 of the draft's 8 ordinary tokens") as error:
+        load_draft(recipe, unrelated)
+    assert "\n" not in str(error.value)
