@@ -80,7 +80,7 @@ def tune_command(args: argparse.Namespace) -> int:
     from specprim.bench import conversation_ids, load_dataset
     from specprim.hf import StaticTarget
     from specprim.recipes import load_draft, load_target
-    from specprim.speedup import tune, tune_lookup
+    from specprim.speedup import PROBE_TREE, tune, tune_lookup
 
     with as_usage_error():
         tuned_recipe, recipe = _recipes(args)
@@ -92,8 +92,10 @@ def tune_command(args: argparse.Namespace) -> int:
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
     verifier = target if recipe.verifier == "eager" else StaticTarget(
         target, compile=recipe.verifier == "compiled", min_padded=recipe.min_padded)
+    deepest = getattr(getattr(method.drafter, "model", None), "max_depth", None)  # a parallel head drafts K deep
+    probe = PROBE_TREE if deepest is None else dataclasses.replace(PROBE_TREE, depth=min(PROBE_TREE.depth, deepest))
     result = tune(verifier, method, prompts, max_new_tokens=args.max_new_tokens, max_nodes=args.largest_tree,
-                  repeats=args.repeats, eos_token_id=tokenizer.eos_token_id)
+                  repeats=args.repeats, eos_token_id=tokenizer.eos_token_id, probe_tree=probe)
     print(report(result, f"{tree_name} on {args.target} ({recipe}), {len(prompts)} {args.dataset} prompts"))
     record = result.to_json()
     if tree_name != args.method:

@@ -286,3 +286,14 @@ def test_greedy_parity_on_smollm2():
     out = presets.parallel(head).generate(model, ids, max_new_tokens=48, eos_token_id=tokenizer.eos_token_id)
     assert torch.equal(out.sequences, expected)
     assert sum(out.stats.accepted) > 0
+
+
+def test_tune_stays_within_its_depth_and_a_union_composes(tmp_path):
+    target = tiny_causal_lm("llama", vocab=SMALL_VOCAB)
+    head = head_for(target)
+    assert presets.parallel(head).drafter.model.max_depth == K  # `specprim tune` caps its probe tree's depth here
+    head.save_pretrained(tmp_path)
+    union = presets.from_name("parallel+prompt-lookup", target=target, head=str(tmp_path), num_draft=K)
+    prompt = torch.tensor([[3, 4, 5, 3, 4, 5, 3, 4]])
+    out = union.generate(target, prompt, max_new_tokens=16)
+    assert torch.equal(out.sequences, reference(target, prompt, 16))

@@ -213,6 +213,11 @@ class ParallelDraftModel:
     def __repr__(self) -> str:
         return f"ParallelDraftModel(num_draft={self.head.num_draft}, feature_layers={self.feature_layers})"
 
+    @property
+    def max_depth(self) -> int:
+        """The deepest tree this model drafts (``K``): tools that choose trees (``specprim tune``) stay within it."""
+        return self.head.num_draft
+
     @torch.no_grad()
     def begin(self, request: DraftRequest) -> torch.Tensor:
         """Commit the new pairs and draft all ``K`` depths in one forward; return (B, V) logits of the root's
