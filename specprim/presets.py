@@ -37,6 +37,7 @@ from specprim.drafters import (
     PromptLookup,
     SuffixDecoding,
     TreeDrafter,
+    TreeShaped,
     UnionDrafter,
     eagle_drafter,
     lm_draft_vocab,
@@ -208,17 +209,17 @@ def from_name(
     builders = _BY_NAME if len(parts) == 1 else {**_BY_NAME, "prompt-lookup": _union_prompt_lookup}
     methods = [builders[part](options) for part in parts]
     if tree is not None:
-        if not any(isinstance(m.drafter, TreeDrafter) for m in methods):
+        if not any(isinstance(m.drafter, TreeShaped) for m in methods):
             raise ValueError(f"{name!r} does not draft with a tree shape; it takes no tree")
         shape = parse_tree(tree) if isinstance(tree, str) else tree
-        methods = [with_tree(m, shape) if isinstance(m.drafter, TreeDrafter) else m for m in methods]
+        methods = [with_tree(m, shape) if isinstance(m.drafter, TreeShaped) else m for m in methods]
     return methods[0] if len(methods) == 1 else union(*methods, max_nodes=max_nodes)
 
 
 def with_tree(method: Method, tree: TreeBuilder) -> Method:
     """``method`` drafting ``tree`` instead of its own shape. The new drafter shares the draft model (and its
     state) with the old one: use one of them at a time. Raises ``ValueError`` for drafters without a tree shape."""
-    if not isinstance(method.drafter, TreeDrafter):
+    if not isinstance(method.drafter, TreeShaped):  # a TreeDrafter, ModelDrafter or EarlyExit
         raise ValueError(f"{method.drafter!r} does not draft with a tree shape; it takes no tree")
     drafter = copy.copy(method.drafter)
     drafter.tree = tree

@@ -50,11 +50,6 @@ ALLOWED_PROJECT_BASES: set[tuple[str, str]] = {
     # a frozen record that adds three fields to GenerateOutput and inherits no behaviour: whatever reads a
     # GenerateOutput (sequences, stats) reads a batch's output the same way
     ("specprim._batch", "BatchGenerateOutput"),
-    # debts: drafters that still extend another drafter or draft model
-    ("specprim.drafters._eagle_static", "StaticEagleDraftModel"),
-    ("specprim.drafters._early_exit", "EarlyExit"),
-    ("specprim.drafters._model", "ModelDrafter"),
-    ("specprim.drafters._static_draft_lm", "StaticLMDraftModel"),
 }
 
 

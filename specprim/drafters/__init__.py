@@ -23,7 +23,7 @@ from specprim.drafters._prompt_lookup import PromptLookup
 from specprim.drafters._static import static_drafting
 from specprim.drafters._static_draft_lm import StaticLMDraftModel
 from specprim.drafters._suffix import SuffixDecoding
-from specprim.drafters._tree_drafter import TreeDrafter
+from specprim.drafters._tree_drafter import TreeDrafter, TreeShaped
 from specprim.drafters._union import UnionDrafter
 from specprim.drafters._vocab import (
     check_d2t,

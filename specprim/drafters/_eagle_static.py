@@ -31,10 +31,11 @@ from specprim.masks import additive_mask, tree_extension_mask
 __all__ = ["StaticEagleDraftModel"]
 
 
-class StaticEagleDraftModel(EagleDraftModel):
-    """:class:`EagleDraftModel` with a static KV cache, its head step optionally ``torch.compile``d.
+class StaticEagleDraftModel:
+    """An :class:`EagleDraftModel` with a static KV cache, its head step optionally ``torch.compile``d.
 
-    Same interface, state and results as :class:`EagleDraftModel` (it is one), for batch size 1. Differences:
+    Same interface, state and results as :class:`EagleDraftModel`, for batch size 1: it holds one (``eager``) for the
+    committed pairs, the scratch nodes and the request checks, and runs the head's forwards itself. Differences:
 
     * the head's KV cache is a :class:`transformers.StaticCache` whose length is a multiple of 512, at least
       ``min_cache_length`` (reallocated, larger, when a sequence needs it: give it the longest prompt plus its
@@ -55,7 +56,9 @@ class StaticEagleDraftModel(EagleDraftModel):
     """
 
     def __init__(self, head: EagleHead, *, compile: bool = True, min_cache_length: int = 0) -> None:  # noqa: A002
-        super().__init__(head)
+        self.eager = EagleDraftModel(head)  # the pair and scratch bookkeeping; its own (dynamic) cache stays unused
+        self.head = head
+        self.feature_layers: tuple[int, ...] = head.config.feature_layers
         self.compiled = compile
         self._warm = WarmShapes("EAGLE head")  # the compiled step's guards are checked in full once per shape
         self.min_cache_length = min_cache_length
@@ -71,14 +74,14 @@ class StaticEagleDraftModel(EagleDraftModel):
     @torch.no_grad()
     def begin(self, request: DraftRequest) -> torch.Tensor:
         """Commit the new pairs of ``request.features``; return (1, V) logits for the root's children."""
-        features = self._check_request(request)
+        features = self.eager._check_request(request)
         ids = request.input_ids.to(self._device)  # (1, T + 1), the root last
         if ids.shape[0] != 1:
             raise ValueError(f"StaticEagleDraftModel drafts for one sequence at a time, got a batch of {ids.shape[0]}")
         if request.step == 0 or self.cache is None:
-            self._num_pairs = 0
+            self.eager._num_pairs = 0
             self._reserve(max(ids.shape[1] + request.max_depth + QUERY_BUCKETS[-1], self.min_cache_length), keep=0)
-        self._check_start(features)
+        self.eager._check_start(features)
         start, count = features.start, features.token_ids.shape[1]
         eager = request.step == 0
         if count:
@@ -86,30 +89,31 @@ class StaticEagleDraftModel(EagleDraftModel):
             hidden = self.head.fuse([h.to(self._device) for h in features.hidden_states])  # (1, n, d)
             allowed = torch.ones(count, start + count, dtype=torch.bool).tril(start)  # (n, start + n) causal
             predicted, logits = self._run(tokens, hidden, torch.arange(start, start + count), allowed, start, eager)
-            self._last, self._last_logits = predicted[:, -1:], logits[:, -1]
-            self._num_pairs += count
-            self._context = self._num_pairs
-        elif self._num_pairs == 0:  # one-token prompt: draft from a zero feature at position 0
+            self.eager._last, self._last_logits = predicted[:, -1:], logits[:, -1]
+            self.eager._num_pairs += count
+            self.eager._context = self.eager._num_pairs
+        elif self.eager._num_pairs == 0:  # one-token prompt: draft from a zero feature at position 0
             zero = torch.zeros(1, 1, self.head.config.hidden_size, device=self._device)
             allowed = torch.ones(1, 1, dtype=torch.bool)
             predicted, logits = self._run(ids[:, -1:], zero, torch.zeros(1, dtype=torch.long), allowed, 0, eager)
-            self._last, self._last_logits = predicted, logits[:, -1]
-            self._context = 1
-        self._scratch_parents, self._scratch_depths = [], []
-        self._scratch_hidden = self._last[:, :0]  # (1, 0, d)
+            self.eager._last, self._last_logits = predicted, logits[:, -1]
+            self.eager._context = 1
+        self.eager._scratch_parents, self.eager._scratch_depths = [], []
+        self.eager._scratch_hidden = self.eager._last[:, :0]  # (1, 0, d)
         return self._last_logits
 
     @torch.no_grad()
     def extend(self, parents: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """Add ``M`` scratch nodes (parents (M,), tokens (1, M)) in one padded forward; return (1, M, V) logits."""
         assert self.cache is not None, "call begin() first"
-        before = len(self._scratch_parents)
-        parent_hidden, positions = self._add_scratch(parents, tokens)
-        allowed = tree_extension_mask(self._scratch_parents, len(parents), self._context)  # (M, context + S)
+        before = len(self.eager._scratch_parents)
+        parent_hidden, positions = self.eager._add_scratch(parents, tokens)
+        context = self.eager._context
+        allowed = tree_extension_mask(self.eager._scratch_parents, len(parents), context)  # (M, context + S)
         predicted, logits = self._run(
-            tokens.to(self._device), parent_hidden, positions, allowed, self._context + before, eager=False
+            tokens.to(self._device), parent_hidden, positions, allowed, context + before, eager=False
         )
-        self._scratch_hidden = torch.cat([self._scratch_hidden, predicted], dim=1)
+        self.eager._scratch_hidden = torch.cat([self.eager._scratch_hidden, predicted], dim=1)
         return logits
 
     @torch.no_grad()
@@ -124,7 +128,7 @@ class StaticEagleDraftModel(EagleDraftModel):
             features = torch.zeros(1, size, width, dtype=self.head.fc.weight.dtype, device=self._device)
             self._run(ids, features, torch.arange(size),
                       torch.ones(size, size, dtype=torch.bool).tril(), 0, eager=False)
-        self._num_pairs = -1  # no committed pairs survive: only a step-0 request is accepted next
+        self.eager._num_pairs = -1  # no committed pairs survive: only a step-0 request is accepted next
 
     def _run(
         self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor,
@@ -184,6 +188,10 @@ class StaticEagleDraftModel(EagleDraftModel):
         (1, Q, d) and float32 target-vocabulary logits (1, Q, V); writes the Q new KV entries into the cache."""
         predicted = self.head.predict(ids, hidden, position_ids=positions, attention_mask=mask, cache=self.cache)
         return predicted, self.head.logits(predicted)
+
+    @property
+    def _device(self) -> torch.device:
+        return self.eager._device
 
     def _reserve(self, length: int, keep: int) -> None:
         if self.cache is None or length > self.cache.layers[0].max_cache_len:

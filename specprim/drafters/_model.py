@@ -5,22 +5,24 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedModel
 
+from specprim._types import DraftRequest, DraftTree, Verdict
 from specprim.drafters._cross_vocab import CrossVocab
 from specprim.drafters._cross_vocab_lm import CrossVocabDraftModel
 from specprim.drafters._draft_lm import LMDraftModel
-from specprim.drafters._tree_drafter import TreeDrafter
+from specprim.drafters._tree_drafter import check_tree_parts
 from specprim.drafters._vocab import draft_vocab
 from specprim.hf import vocab_size
 from specprim.trees import Chain, TreeBuilder
 
 
-class ModelDrafter(TreeDrafter):
+class ModelDrafter:
     """Drafts with a small Hugging Face causal LM that shares the target's tokenizer, in any tree shape.
 
     The tree builder decides the q-contract: ``Chain`` samples (``"iid"``, with the draft's transformed
     distribution as ``q``) or takes the argmax under greedy (``"deterministic"``); static and dynamic trees
     take top-k tokens (``"deterministic"``). The draft model keeps its own KV cache, reused across steps by
-    longest common prefix; frontier nodes are expanded in one batched forward with a tree mask. See
+    longest common prefix; frontier nodes are expanded in one batched forward with a tree mask. It holds that model as
+    ``model`` (an :class:`LMDraftModel`) and its ``tree``, and drafts as a :class:`TreeDrafter` does. See
     `LMDraftModel` for vocabulary handling; ``d2t`` (e.g. from :func:`lm_draft_vocab`) restricts the draft to a
     reduced vocabulary (only those LM-head rows are computed). A draft with another tokenizer drafts the tokens
     both tokenizers share when given their ``cross_vocab`` (:class:`CrossVocabDraftModel`; ``d2t`` then holds
@@ -32,8 +34,19 @@ class ModelDrafter(TreeDrafter):
         d2t: torch.Tensor | None = None, cross_vocab: CrossVocab | None = None,
     ) -> None:
         lm = LMDraftModel(model, unknown_token_id, d2t)
-        super().__init__(lm if cross_vocab is None else CrossVocabDraftModel(lm, cross_vocab),
-                         Chain(4) if tree is None else tree)
+        self.model = lm if cross_vocab is None else CrossVocabDraftModel(lm, cross_vocab)
+        self.tree = Chain(4) if tree is None else tree
+        check_tree_parts(self.model, self.tree)
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return tuple(getattr(self.model, "feature_layers", ()))
+
+    def propose(self, request: DraftRequest) -> DraftTree:
+        return self.tree.build(self.model, request)
+
+    def observe(self, verdict: Verdict) -> None:
+        """Nothing to do: the model re-synchronises with the committed tokens in its next ``begin``."""
 
     def __repr__(self) -> str:
         return f"ModelDrafter({type(self.model.model).__name__}, tree={self.tree!r})"

@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 from specprim._types import DraftRequest, DraftTree, Verdict
 from specprim.trees import TreeBuilder, TreeDraftModel
+
+
+@runtime_checkable
+class TreeShaped(Protocol):
+    """A drafter that grows its tree with ``tree.build(model, request)``: :class:`TreeDrafter` and the drafters that
+    hold their own model and tree the same way (``ModelDrafter``, ``EarlyExit``). Its ``tree`` may be swapped on a
+    copy (``specprim.presets.with_tree``)."""
+
+    model: TreeDraftModel
+    tree: TreeBuilder
+
+
+def check_tree_parts(model: object, tree: object) -> None:
+    """``TypeError`` unless ``model`` is a :class:`TreeDraftModel` and ``tree`` a :class:`TreeBuilder`."""
+    if not isinstance(model, TreeDraftModel):
+        raise TypeError(f"{type(model).__name__} does not implement TreeDraftModel (begin / extend)")
+    if not isinstance(tree, TreeBuilder):
+        raise TypeError(f"{type(tree).__name__} is not a tree builder (no build method)")
 
 
 class TreeDrafter:
@@ -15,10 +35,7 @@ class TreeDrafter:
     """
 
     def __init__(self, model: TreeDraftModel, tree: TreeBuilder) -> None:
-        if not isinstance(model, TreeDraftModel):
-            raise TypeError(f"{type(model).__name__} does not implement TreeDraftModel (begin / extend)")
-        if not isinstance(tree, TreeBuilder):
-            raise TypeError(f"{type(tree).__name__} is not a tree builder (no build method)")
+        check_tree_parts(model, tree)
         self.model = model
         self.tree = tree
 
