@@ -82,11 +82,15 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--json", required=True)
+    parser.add_argument("--method", action="append", choices=[*METHODS, "auto"],
+                        help="repeatable; default: all three")
     parser.add_argument("--plain", action="store_true", help="time plain (constrained) decoding too")
     args = parser.parse_args()
     torch.set_num_threads(2)
-    methods = dict(METHODS, auto=recipes.auto(TARGET, temperature=0.0, dtype="bfloat16").recipe)
-    model, tokenizer = recipes.load_target(methods["auto"], TARGET)
+    auto = recipes.auto(TARGET, temperature=0.0, dtype="bfloat16").recipe
+    methods = {name: recipe for name, recipe in dict(METHODS, auto=auto).items()
+               if args.method is None or name in args.method}
+    model, tokenizer = recipes.load_target(auto, TARGET)
     constraint = GrammarConstraint.json_schema(SCHEMA, tokenizer,
                                                vocab_size=model.get_output_embeddings().weight.shape[0])
     prompts = load_dataset("json", args.num_prompts)
