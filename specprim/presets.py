@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from specprim._loop import GenerateOutput, speculative_generate
-from specprim._names import METHODS, drafts_with_a_draft_model, is_name, uses_datastore
+from specprim._names import METHODS, is_name
 from specprim.acceptance import AcceptanceRule, Greedy, SpeculativeSampling
 from specprim.drafters import (
     CrossVocab,
@@ -292,18 +292,15 @@ __all__ = [
     "NAMES",
     "Method",
     "datastore",
-    "drafts_with_a_draft_model",
     "early_exit",
     "eagle",
     "eagle3",
     "from_name",
-    "is_name",
     "leviathan",
     "medusa",
     "mtp",
     "parallel",
     "prompt_lookup",
     "union",
-    "uses_datastore",
     "with_tree",
 ]

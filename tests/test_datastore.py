@@ -238,8 +238,9 @@ def test_sampling_is_lossless_and_the_check_has_power(rule):
 
 
 def test_presets_build_datastore_methods_and_capped_unions(tmp_path):
+    from specprim._names import uses_datastore
     from specprim.drafters import UnionDrafter
-    from specprim.presets import from_name, uses_datastore
+    from specprim.presets import from_name
 
     target = tiny_causal_lm("llama")
     store = Datastore(CORPUS)

@@ -51,7 +51,6 @@ __all__ = [
     "ReplayOutput",
     "load_dataset",
     "load_grid",
-    "method_names",
     "read_prompts",
     "record_prompts",
     "replay",

@@ -19,6 +19,7 @@ import torch
 from transformers import CompileConfig
 
 from specprim import presets
+from specprim._names import is_name
 from specprim._stats import GenerationStats
 from specprim.acceptance import RULES
 from specprim.hf import CACHE_ROUNDING, StaticTarget, input_device
@@ -290,7 +291,7 @@ def build_method(name: str, context: MethodContext) -> BenchMethod:
         return HF_METHODS[name](context)
     if name in EXTERNAL_METHODS:
         return EXTERNAL_METHODS[name](context)
-    if not presets.is_name(name):
+    if not is_name(name):
         raise ValueError(f"unknown method {name!r}; known: {list(method_names())}")
     options = dict(context.preset_options)
     if "+" not in name:

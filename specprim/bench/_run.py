@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from specprim import check_decodes, models, presets
-from specprim._names import AUTO
+from specprim._names import AUTO, drafts_with_a_draft_model, uses_datastore
 from specprim.bench._datasets import load_dataset
 from specprim.bench._env import environment, load_average
 from specprim.bench._memory import PeakMemory
@@ -236,11 +236,11 @@ def run(
     for name, scheme in (("quantize", quantize), ("draft_quantize", draft_quantize)):
         if scheme is not None and scheme not in models.QUANTIZE_SCHEMES:
             raise ValueError(f"{name} must be None or one of {list(models.QUANTIZE_SCHEMES)}, got {scheme!r}")
-    if draft_vocab is not None and not any(map(presets.drafts_with_a_draft_model, methods)):
+    if draft_vocab is not None and not any(map(drafts_with_a_draft_model, methods)):
         raise ValueError("draft_vocab applies to the leviathan method's draft model only; no method uses it")
     if max_nodes is not None and not any("+" in m for m in methods):
         raise ValueError("max_nodes caps the merged tree of unions (methods joined by '+'); no method is one")
-    if datastore is not None and not any(map(presets.uses_datastore, methods)):
+    if datastore is not None and not any(map(uses_datastore, methods)):
         raise ValueError("datastore applies to methods with a datastore part only; no method uses it")
     torch.manual_seed(seed)
     prompt_list, label = resolve_prompts(dataset, prompts, num_prompts)

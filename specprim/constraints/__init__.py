@@ -15,6 +15,6 @@ if TYPE_CHECKING:
     from specprim.constraints._grammar import GrammarConstraint
     from specprim.constraints._protocol import Constraint, ConstraintState
 
-__all__ = ["Constraint", "ConstraintState", "GrammarConstraint"]
+__all__ = ["Constraint", "GrammarConstraint"]
 
 __getattr__, __dir__ = lazy_imports(__name__)

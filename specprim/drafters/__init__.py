@@ -36,7 +36,6 @@ from specprim.drafters._vocab import (
 
 __all__ = [
     "CrossVocab",
-    "CrossVocabDraftModel",
     "Datastore",
     "DatastoreLookup",
     "DraftRequest",

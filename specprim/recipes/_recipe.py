@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from specprim import models, presets
-from specprim._names import DTYPES, QUANTIZE_SCHEMES, VERIFIERS
+from specprim._names import DTYPES, QUANTIZE_SCHEMES, VERIFIERS, is_name
 from specprim.acceptance import RULES
 from specprim.drafters import static_drafting
 from specprim.hf import StaticTarget
@@ -101,7 +101,7 @@ class Recipe:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < least):
                 raise ValueError(f"{name} must be an int >= {least}, got {value!r}")
-        if not isinstance(self.method, str) or not presets.is_name(self.method):
+        if not isinstance(self.method, str) or not is_name(self.method):
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(presets.NAMES)} or join "
                              "distinct ones with '+'")
         if self.pack and self.compile:
