@@ -2,7 +2,7 @@
 (docs/structured.md): tau, acceptance of the drafted tokens (before and after the grammar prunes them) and tokens/s,
 per method, with and without the constraint; with ``--plain``, plain decoding with and without it too.
 
-    python benchmarks/structured_json.py --num-prompts 10 --max-new-tokens 80 --json OUT.json [--plain]
+    python docs/studies/structured_json.py --num-prompts 10 --max-new-tokens 80 --json OUT.json [--plain]
 
 Greedy, SmolLM2-135M-Instruct in bfloat16, packed; methods: prompt lookup, the shipped EAGLE-3 head, and ``auto``'s
 recipe (its own verifier). tau and acceptance do not depend on the machine's load; tokens/s do.
@@ -25,7 +25,7 @@ from specprim.constraints import GrammarConstraint
 from specprim.hf import chat_input_ids
 
 TARGET = "smollm2-135m-instruct"
-SCHEMA = json.loads((Path(__file__).parent / "schemas" / "json-extraction.json").read_text())  # the dataset's
+SCHEMA = json.loads((Path(__file__).parents[2] / "benchmarks" / "schemas" / "json-extraction.json").read_text())  # the dataset's
 METHODS = {
     "prompt-lookup": recipes.Recipe(method="prompt-lookup", dtype="bfloat16", pack=True),
     "eagle3": recipes.Recipe(method="eagle3", head="smollm2-135m-instruct-eagle3", dtype="bfloat16", pack=True),
