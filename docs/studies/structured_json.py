@@ -25,7 +25,8 @@ from specprim.constraints import GrammarConstraint
 from specprim.hf import chat_input_ids
 
 TARGET = "smollm2-135m-instruct"
-SCHEMA = json.loads((Path(__file__).parents[2] / "benchmarks" / "schemas" / "json-extraction.json").read_text())  # the dataset's
+SCHEMA_FILE = Path(__file__).parents[2] / "benchmarks" / "schemas" / "json-extraction.json"  # the json dataset's
+SCHEMA = json.loads(SCHEMA_FILE.read_text())
 METHODS = {
     "prompt-lookup": recipes.Recipe(method="prompt-lookup", dtype="bfloat16", pack=True),
     "eagle3": recipes.Recipe(method="eagle3", head="smollm2-135m-instruct-eagle3", dtype="bfloat16", pack=True),
