@@ -266,15 +266,30 @@ class EagleHead(nn.Module):
                 causal over the cached entries and the ``T`` new ones.
             cache: a ``transformers.DynamicCache`` the new keys / values are appended to, or ``None``.
         """
-        batch, length = input_ids.shape
-        past = cache.get_seq_length() if cache is not None else 0
-        dtype = self.fc.weight.dtype
-        device = self.fc.weight.device
+        dtype, device = self.fc.weight.dtype, self.fc.weight.device
         embeds = self._target.embeddings(input_ids.to(self._target.embeddings.weight.device))
+        past = cache.get_seq_length() if cache is not None else 0
+        if position_ids is None:
+            position_ids = torch.arange(past, past + input_ids.shape[1], device=device)
+        return self.predict_embedded(embeds.to(device=device, dtype=dtype), hidden, position_ids=position_ids,
+                                     attention_mask=attention_mask, cache=cache)
+
+    def predict_embedded(
+        self,
+        embeds: torch.Tensor,
+        hidden: torch.Tensor,
+        *,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        cache: DynamicCache | None = None,
+    ) -> torch.Tensor:
+        """:meth:`predict` from (B, T, d) input embeddings ``embeds`` instead of token ids (a parallel drafter's
+        placeholder slots have no token); ``position_ids`` (T,) or (B, T) long. Returns (B, T, d)."""
+        dtype, device = self.fc.weight.dtype, self.fc.weight.device
+        batch, length = embeds.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
         embeds = embeds.to(device=device, dtype=dtype)  # (B, T, d)
         hidden = hidden.to(device=device, dtype=dtype)  # (B, T, d)
-        if position_ids is None:
-            position_ids = torch.arange(past, past + length, device=device)
         position_ids = position_ids.to(device).expand(batch, length)  # (B, T)
         if attention_mask is None:
             attention_mask = causal_mask(length, past, dtype=dtype, device=device).expand(batch, 1, -1, -1)

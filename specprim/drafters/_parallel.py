@@ -22,7 +22,6 @@ acceptance rule stays lossless with any builder (a chain, a static tree, a dynam
 from __future__ import annotations
 
 import copy
-import inspect
 import os
 from typing import Any
 
@@ -32,7 +31,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from specprim._types import DraftRequest, TargetFeatures
 from specprim.drafters._checkpoint import load_head, register_head, save_head
-from specprim.drafters._eagle_head import EagleHead, causal_mask
+from specprim.drafters._eagle_head import EagleHead
 from specprim.drafters._vocab import check_d2t
 
 __all__ = ["ParallelDraftModel", "ParallelHead"]
@@ -69,7 +68,6 @@ class ParallelHead(nn.Module):
         self.placeholder_features = nn.Parameter(torch.randn(num_draft - 1, size).mul_(std).to(weight))  # (K-1, d)
         # A tuple is not registered by nn.Module: the trainer finds the target's module here and freezes it.
         self._target_modules = (eagle.target_embeddings,)
-        self._cache_name = _cache_argument(eagle.layers[0].self_attn)
 
     def __repr__(self) -> str:
         return f"ParallelHead(num_draft={self.num_draft}, eagle={self.eagle.config!r})"
@@ -151,29 +149,8 @@ class ParallelHead(nn.Module):
         Returns:
             (B, T, d) the predicted features; :meth:`draft_logits` / :meth:`logits` score them.
         """
-        eagle = self.eagle
-        dtype, device = eagle.fc.weight.dtype, eagle.fc.weight.device
-        batch, length = embeds.shape[:2]
-        past = cache.get_seq_length() if cache is not None else 0
-        hidden = hidden.to(device=device, dtype=dtype)
-        position_ids = position_ids.to(device).expand(batch, length)  # (B, T)
-        if attention_mask is None:
-            attention_mask = causal_mask(length, past, dtype=dtype, device=device).expand(batch, 1, -1, -1)
-        layer_kwargs = {
-            "attention_mask": attention_mask.to(device=device, dtype=dtype),
-            "position_ids": position_ids,
-            "position_embeddings": eagle.rotary_emb(hidden, position_ids),
-            self._cache_name: cache,
-            "use_cache": cache is not None,
-        }
-        first = eagle.layers[0]  # EAGLE-3: attention over cat(norm(embeds), norm(hidden)), residual stream `hidden`
-        attention_input = torch.cat([first.input_layernorm(embeds.to(dtype)), eagle.hidden_norm(hidden)], dim=-1)
-        attended, _ = first.self_attn(hidden_states=attention_input, **layer_kwargs)
-        x = hidden + attended
-        x = x + first.mlp(first.post_attention_layernorm(x))
-        for layer in eagle.layers[1:]:
-            x = layer(x, **layer_kwargs)
-        return x  # (B, T, d)
+        return self.eagle.predict_embedded(embeds, hidden, position_ids=position_ids, attention_mask=attention_mask,
+                                           cache=cache)
 
     def draft_logits(self, predicted: torch.Tensor) -> torch.Tensor:
         """(..., d) -> (..., V_d) logits over the draft vocabulary (``d2t`` order)."""
@@ -295,7 +272,3 @@ class ParallelDraftModel:
             raise ValueError("request.features must cover every committed position but the root")
         return features
 
-
-def _cache_argument(attention: nn.Module) -> str:
-    """Name of the KV-cache argument of this transformers version's attention forward."""
-    return "cache" if "cache" in inspect.signature(attention.forward).parameters else "past_key_values"
