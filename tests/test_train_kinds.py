@@ -2,6 +2,8 @@
 entry builds an objective that trains the kind's module, a new kind takes one entry, and ``load_head`` finds every
 head class through ``register_head``."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from _tiny import VOCAB, tiny_causal_lm
@@ -94,7 +96,7 @@ def test_a_new_kind_is_one_registry_entry(target, dataset, monkeypatch):
             return ObjectiveOutput(loss=loss, metrics={"loss": float(loss)})
 
         def save_pretrained(self, directory):
-            raise NotImplementedError
+            torch.save(self.module.state_dict(), Path(directory) / "linear.pt")
 
     hidden = int(target.config.hidden_size)
     entry = TrainKind(fresh=lambda inputs: torch.nn.Linear(hidden, 3), objective=lambda m, _: LinearObjective(m),
