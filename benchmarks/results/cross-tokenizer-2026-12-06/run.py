@@ -5,10 +5,13 @@ bfloat16 (linears pre-packed: the same numbers, faster kernels), CPU.
 
 tokens_per_forward = new tokens / target forwards, the prefill included (counted by a forward hook for every method,
 so Hugging Face's assisted generation is measured the same way); specprim's own tau (GenerationStats.tau, steps after
-the prefill) is recorded beside it. Timings are from a busy shared machine and are not comparable.
+the prefill) is recorded beside it. Run it with nothing else on the machine: the timings are compared as ratios.
+A method that raises (Hugging Face's universal assisted generation can) is recorded per prompt with its error.
 
-    python benchmarks/results/cross-tokenizer-2026-12-06/run.py --prompts 5 \
-        --out benchmarks/results/cross-tokenizer-2026-12-06
+    python benchmarks/results/cross-tokenizer-2026-12-06/run.py --prompts 10 --format chat \
+        --out benchmarks/results/cross-tokenizer-2026-12-06/chat
+    python benchmarks/results/cross-tokenizer-2026-12-06/run.py --prompts 10 --format completion \
+        --out benchmarks/results/cross-tokenizer-2026-12-06/completion
 """
 
 from __future__ import annotations
@@ -43,7 +46,9 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--k", type=int, default=4)
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--methods", default="cross,same,hf-uag")
+    parser.add_argument("--methods", default="plain,cross,same,hf-uag")
+    parser.add_argument("--format", choices=("chat", "completion"), default="chat",
+                        help="chat: the prompt in the target's chat template; completion: the HumanEval code prompt as is")
     args = parser.parse_args()
     torch.set_num_threads(2)
     target, tokenizer = models.load(TARGET, dtype=torch.bfloat16, pack=True)
@@ -57,7 +62,10 @@ def main() -> None:
     prompts = load_dataset("humaneval", args.prompts)
     rows = []
     for prompt in prompts:
-        ids = chat_input_ids(tokenizer, prompt.turns[0])  # (1, T)
+        if args.format == "chat":
+            ids = chat_input_ids(tokenizer, prompt.turns[0])  # (1, T)
+        else:
+            ids = tokenizer(prompt.turns[0], return_tensors="pt").input_ids  # (1, T)
         row = {"id": prompt.id, "prompt_tokens": ids.shape[1]}
         outputs = {}
         for method in methods:
@@ -73,17 +81,21 @@ def main() -> None:
                 seq = out.sequences
                 row[f"{method}_stats_tau"] = out.stats.tau
             else:  # Hugging Face universal assisted generation, its defaults
-                seq = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                      max_new_tokens=args.max_new_tokens, assistant_model=other, tokenizer=tokenizer,
-                                      assistant_tokenizer=other_tokenizer)
+                try:
+                    seq = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                          max_new_tokens=args.max_new_tokens, assistant_model=other,
+                                          tokenizer=tokenizer, assistant_tokenizer=other_tokenizer)
+                except RuntimeError as error:  # transformers' own failure, recorded as such
+                    row[method] = {"error": str(error).splitlines()[0]}
+                    continue
             seconds = time.perf_counter() - start
             new = seq.shape[1] - ids.shape[1]
             row[method] = {"new_tokens": new, "target_forwards": counter.calls, "seconds": seconds,
-                           "tokens_per_s_busy_machine": new / seconds, "tokens_per_forward": new / counter.calls}
+                           "tokens_per_s": new / seconds, "tokens_per_forward": new / counter.calls}
             outputs[method] = seq[0, ids.shape[1]:].tolist()
         if "plain" in outputs:
             row["equal_to_plain"] = {m: outputs[m] == outputs["plain"] for m in outputs if m != "plain"}
-        row["outputs_equal"] = {f"{a}={b}": outputs[a] == outputs[b] for i, a in enumerate(methods)
+        row["outputs_equal"] = {f"{a}={b}": a in outputs and outputs.get(a) == outputs.get(b) for i, a in enumerate(methods)
                                 for b in methods[i + 1:]}
         rows.append(row)
         print(json.dumps(row), flush=True)
@@ -91,17 +103,22 @@ def main() -> None:
 
 
 def write(args: argparse.Namespace, vocab: CrossVocab, vocab_s: float, methods: list[str], rows: list[dict]) -> None:
-    summary = {"vocab": repr(vocab), "vocab_build_s": vocab_s, "k": args.k, "max_new_tokens": args.max_new_tokens,
-               "prompts": len(rows), "machine": "2 shared CPU cores: timings comparable only on a quiet machine",
+    summary = {"format": args.format, "vocab": repr(vocab), "vocab_build_s": vocab_s, "k": args.k, "max_new_tokens": args.max_new_tokens,
+               "prompts": len(rows), "machine": "2 CPU cores, run with every other process stopped",
                "methods": methods}
     for method in methods:
-        new = sum(r[method]["new_tokens"] for r in rows)
-        forwards = sum(r[method]["target_forwards"] for r in rows)
-        seconds = sum(r[method]["seconds"] for r in rows)
+        failed = [r for r in rows if "error" in r[method]]
+        done = [r for r in rows if "error" not in r[method]]
+        if not done:
+            summary[method] = {"failed_prompts": len(failed), "error": failed[0][method]["error"]}
+            continue
+        new = sum(r[method]["new_tokens"] for r in done)
+        forwards = sum(r[method]["target_forwards"] for r in done)
+        seconds = sum(r[method]["seconds"] for r in done)
         taus = [r[f"{method}_stats_tau"] for r in rows if f"{method}_stats_tau" in r]
         summary[method] = {"tokens_per_forward": new / forwards, "new_tokens": new, "target_forwards": forwards,
                            "mean_stats_tau": sum(taus) / len(taus) if taus else None,
-                           "tokens_per_s_busy_machine": new / seconds,
+                           "tokens_per_s": new / seconds, "failed_prompts": len(failed),
                            "equal_to_plain": sum(r.get("equal_to_plain", {}).get(method, False) for r in rows)}
     pairs = rows[0]["outputs_equal"] if rows else {}
     summary["outputs_equal"] = {pair: sum(r["outputs_equal"][pair] for r in rows) for pair in pairs}
