@@ -48,7 +48,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--methods", default="plain,cross,same,hf-uag")
     parser.add_argument("--format", choices=("chat", "completion"), default="chat",
-                        help="chat: the prompt in the target's chat template; completion: the HumanEval code prompt as is")
+                        help="chat: the prompt in the target's chat template; completion: the code prompt as is")
     args = parser.parse_args()
     torch.set_num_threads(2)
     target, tokenizer = models.load(TARGET, dtype=torch.bfloat16, pack=True)
@@ -95,16 +95,17 @@ def main() -> None:
             outputs[method] = seq[0, ids.shape[1]:].tolist()
         if "plain" in outputs:
             row["equal_to_plain"] = {m: outputs[m] == outputs["plain"] for m in outputs if m != "plain"}
-        row["outputs_equal"] = {f"{a}={b}": a in outputs and outputs.get(a) == outputs.get(b) for i, a in enumerate(methods)
-                                for b in methods[i + 1:]}
+        row["outputs_equal"] = {f"{a}={b}": a in outputs and outputs.get(a) == outputs.get(b)
+                                for i, a in enumerate(methods) for b in methods[i + 1:]}
         rows.append(row)
         print(json.dumps(row), flush=True)
         write(args, vocab, vocab_s, methods, rows)  # after every prompt: a run cut short keeps what it measured
 
 
 def write(args: argparse.Namespace, vocab: CrossVocab, vocab_s: float, methods: list[str], rows: list[dict]) -> None:
-    summary = {"format": args.format, "vocab": repr(vocab), "vocab_build_s": vocab_s, "k": args.k, "max_new_tokens": args.max_new_tokens,
-               "prompts": len(rows), "machine": "2 CPU cores, run with every other process stopped",
+    summary = {"format": args.format, "vocab": repr(vocab), "vocab_build_s": vocab_s, "k": args.k,
+               "max_new_tokens": args.max_new_tokens, "prompts": len(rows),
+               "machine": "2 CPU cores, run with every other process stopped",
                "methods": methods}
     for method in methods:
         failed = [r for r in rows if "error" in r[method]]
