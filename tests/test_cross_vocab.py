@@ -227,3 +227,18 @@ def test_loading_a_draft_whose_tokenizer_shares_too_little_fails_in_one_line(voc
     with pytest.raises(ValueError, match="share 0 of the draft's 8 ordinary tokens") as error:
         load_draft(recipe, unrelated)
     assert "\n" not in str(error.value)
+
+
+def test_loading_a_draft_then_building_its_recipe_builds_the_map_once(vocab, target, tmp_path, monkeypatch):
+    from specprim.recipes import _build, load_draft
+
+    peaked_draft().save_pretrained(tmp_path / "draft")
+    vocab.draft_tokenizer.save_pretrained(tmp_path / "draft")
+    maps = []
+    monkeypatch.setattr(_build, "CrossVocab", lambda *tokenizers: maps.append(CrossVocab(*tokenizers)) or maps[-1])
+    recipe = Recipe(method="leviathan", draft=str(tmp_path / "draft"))
+    built = recipe.build(target, vocab.target_tokenizer, draft=load_draft(recipe, vocab.target_tokenizer))
+    assert len(maps) == 1 and built.method.drafter.model.vocab is maps[0]
+    other = byte_level_tokenizer(TARGET_VOCAB, TARGET_MERGES)  # another target tokenizer object: built anew
+    Recipe(method="leviathan", draft=str(tmp_path / "draft")).build(target, other, draft=load_draft(recipe, other))
+    assert len(maps) == 2

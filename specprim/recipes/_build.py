@@ -48,11 +48,21 @@ def load_draft(recipe: Recipe, tokenizer: Any) -> Model | None:
     return draft
 
 
+# the last pair's map: loading a draft checks the pair and building the recipe uses it, ~2 s each to build
+_last_pair: dict[str, Any] = {}
+
+
 def cross_vocab(tokenizer: Any, draft_tokenizer: Any) -> CrossVocab | None:
     """``None`` when the draft's tokenizer is the target's (or a prefix of it), else their :class:`CrossVocab`
-    (``ValueError`` when they share too little)."""
+    (``ValueError`` when they share too little). The same target tokenizer object with a draft tokenizer of the same
+    name and size reuses the map built last."""
+    key = (draft_tokenizer.name_or_path, len(draft_tokenizer))
+    if _last_pair.get("tokenizer") is tokenizer and _last_pair.get("key") == key:
+        return _last_pair["vocab"]
     try:
         check_tokenizers_compatible(tokenizer, draft_tokenizer)
+        vocab = None
     except ValueError:
-        return CrossVocab(tokenizer, draft_tokenizer)
-    return None
+        vocab = CrossVocab(tokenizer, draft_tokenizer)
+    _last_pair.update(tokenizer=tokenizer, key=key, vocab=vocab)
+    return vocab
