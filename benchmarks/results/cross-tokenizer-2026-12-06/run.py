@@ -105,7 +105,7 @@ def main() -> None:
 def write(args: argparse.Namespace, vocab: CrossVocab, vocab_s: float, methods: list[str], rows: list[dict]) -> None:
     summary = {"format": args.format, "vocab": repr(vocab), "vocab_build_s": vocab_s, "k": args.k,
                "max_new_tokens": args.max_new_tokens, "prompts": len(rows),
-               "machine": "2 CPU cores, run with every other process stopped",
+               "machine": "2 CPU cores: compare timings only from a quiet machine",
                "methods": methods}
     for method in methods:
         failed = [r for r in rows if "error" in r[method]]
