@@ -8,7 +8,7 @@ import pytest
 import torch
 from _tiny import VOCAB, tiny_causal_lm
 
-from specprim._names import TRAIN_KINDS
+from specprim._names import TRAIN_KINDS, UNROLLED_TRAIN_KINDS
 from specprim.drafters import EagleHead, MedusaHeads, MTPHead, ParallelHead, head_classes
 from specprim.models import load_head
 from specprim.train import (
@@ -45,6 +45,7 @@ def dataset(target, tmp_path_factory):
 def test_the_registry_names_the_command_lines_kinds_in_order():
     assert tuple(REGISTRY) == TRAIN_KINDS
     assert all(isinstance(kind, TrainKind) for kind in REGISTRY.values())
+    assert UNROLLED_TRAIN_KINDS == tuple(name for name, kind in REGISTRY.items() if kind.unrolled)
 
 
 EXPECTED = {"eagle3": (EagleObjective, EagleHead), "eagle": (EagleObjective, EagleHead),

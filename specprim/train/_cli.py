@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specprim import models
-from specprim._names import TRAIN_KINDS
+from specprim._names import TRAIN_KINDS, UNROLLED_TRAIN_KINDS
 from specprim._usage import UsageError, as_usage_error, at_least, check_file
 from specprim.models import check_model
 
@@ -77,14 +77,13 @@ def check_train(args: argparse.Namespace) -> None:
         raise UsageError(f"--draft is the draft LM of kind 'distill'; kind {args.kind!r} trains a head")
     if args.kind == "distill" and args.init_from is not None:
         raise UsageError("kind 'distill' trains the --draft model it is given; --init-from does not apply")
-    if args.align and args.kind not in ("eagle3", "eagle", "mtp", "parallel"):
-        raise UsageError(f"--align trains unrolled draft depths (eagle3, eagle, mtp, parallel); kind {args.kind!r} "
-                         "has none")
+    unrolled = ", ".join(UNROLLED_TRAIN_KINDS)
+    if args.align and args.kind not in UNROLLED_TRAIN_KINDS:
+        raise UsageError(f"--align trains unrolled draft depths ({unrolled}); kind {args.kind!r} has none")
     if args.align_topk != 1 and not args.align:
         raise UsageError("--align-topk softens --align; pass --align too")
-    if args.hass_topk and args.kind not in ("eagle3", "eagle", "mtp", "parallel"):
-        raise UsageError(f"--hass-topk trains unrolled draft depths (eagle3, eagle, mtp, parallel); kind "
-                         f"{args.kind!r} has none")
+    if args.hass_topk and args.kind not in UNROLLED_TRAIN_KINDS:
+        raise UsageError(f"--hass-topk trains unrolled draft depths ({unrolled}); kind {args.kind!r} has none")
     if args.hass_weight is not None and not args.hass_topk:
         raise UsageError("--hass-weight weighs the --hass-topk loss; pass --hass-topk K too")
     if args.hass_weight is not None and not args.hass_weight > 0:
