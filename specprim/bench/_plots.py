@@ -7,23 +7,13 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
+from specprim._pyplot import pyplot
 from specprim.bench._metrics import MethodSummary
-
-
-def _pyplot():
-    try:
-        import matplotlib
-    except ImportError as error:
-        raise ImportError("plots need matplotlib: pip install matplotlib") from error
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def plot_speedup(summaries: Sequence[MethodSummary], path: Path, title: str = "") -> Path:
     """Bar chart of ``speedup`` (total tokens/s over the ``hf`` baseline's) per method, with a line at 1x."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(4.5, 1.2 + 1.1 * len(summaries)), 3.8))
     names = [s.method for s in summaries]
     values = [s.speedup or 0.0 for s in summaries]
@@ -41,7 +31,7 @@ def plot_speedup(summaries: Sequence[MethodSummary], path: Path, title: str = ""
 
 def plot_acceptance(summaries: Sequence[MethodSummary], path: Path, title: str = "") -> Path:
     """Acceptance rate per depth (EAGLE's alpha_d) for every method that reports steps."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for s in summaries:
         points = [(d + 1, rate) for d, rate in enumerate(s.acceptance_by_depth) if rate is not None]

@@ -121,6 +121,11 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     status = actions.add_parser("status", help="tokens generated / cached / trained, held-out accuracy, ETA")
     status.add_argument("run_dir")
     status.set_defaults(func=status_command)
+    curve = actions.add_parser("curve", help="the scaling curve: held-out top-1 by depth against tokens trained")
+    curve.add_argument("run_dir")
+    curve.add_argument("--png", help="write the curve as a PNG here (needs matplotlib)")
+    curve.add_argument("--markdown", help="write the table as markdown here (it is printed either way)")
+    curve.set_defaults(func=curve_command)
     return parser
 
 
@@ -202,4 +207,24 @@ def status_command(args: argparse.Namespace) -> int:
     if not (Path(args.run_dir) / CONFIG_NAME).is_file():
         raise UsageError(f"no campaign in {args.run_dir} ({CONFIG_NAME} missing)")
     print(format_status(campaign_status(args.run_dir)))
+    return 0
+
+
+def curve_command(args: argparse.Namespace) -> int:
+    from specprim.train._campaign import CONFIG_NAME
+    from specprim.train._scaling import plot_scaling, scaling_rows, scaling_table
+
+    if not (Path(args.run_dir) / CONFIG_NAME).is_file():
+        raise UsageError(f"no campaign in {args.run_dir} ({CONFIG_NAME} missing)")
+    try:
+        rows = scaling_rows(args.run_dir)
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+    table = scaling_table(rows)
+    print(table, end="")
+    if args.markdown:
+        Path(args.markdown).write_text(table)
+    if args.png:
+        plot_scaling(rows, args.png, title=f"campaign {args.run_dir}")
+        print(f"curve: {args.png}")
     return 0

@@ -1,0 +1,63 @@
+"""A campaign's scaling curve: held-out top-1 by draft depth against tokens trained, from its ``eval.jsonl``, as a
+markdown table and a PNG (``specprim campaign curve RUN_DIR``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from specprim._pyplot import pyplot
+
+
+def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """One row per evaluation in ``RUN_DIR/eval.jsonl`` (the initial head first), in order of tokens trained:
+    ``trained_tokens``, ``data_tokens``, ``acc`` (top-1 by depth), ``chain_tau`` (``1 + sum of chain_k``: the mean
+    accepted length of a greedy chain as deep as the head was evaluated, teacher-forced). Raises ``ValueError`` when
+    the run has no evaluation yet."""
+    path = Path(run_dir) / "eval.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    if not records:
+        raise ValueError(f"no held-out evaluation in {path} yet (the campaign writes one per training segment)")
+    rows = []
+    for record in sorted(records, key=lambda r: (r["trained_tokens"], r["segment"])):
+        depths = sorted(int(key.split("_")[1]) for key in record if key.startswith("acc_"))
+        rows.append({"segment": record["segment"], "trained_tokens": record["trained_tokens"],
+                     "data_tokens": record["data_tokens"], "acc": [record[f"acc_{k}"] for k in depths],
+                     "chain_tau": 1 + sum(record[f"chain_{k}"] for k in depths)})
+    return rows
+
+
+def scaling_table(rows: list[dict[str, Any]]) -> str:
+    """The rows as a markdown table."""
+    depths = max(len(row["acc"]) for row in rows)
+    header = ["tokens trained", "distinct data tokens", *[f"top-1 depth {k}" for k in range(1, depths + 1)],
+              "greedy chain tau (teacher-forced)"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [f"{row['trained_tokens']:,}", f"{row['data_tokens']:,}", *[f"{a:.3f}" for a in row["acc"]],
+                 f"{row['chain_tau']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_scaling(rows: list[dict[str, Any]], path: str | os.PathLike[str], title: str = "") -> Path:
+    """A PNG of held-out top-1 by depth (one line per depth) against tokens trained."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    tokens = [row["trained_tokens"] for row in rows]
+    for k in range(max(len(row["acc"]) for row in rows)):
+        points = [(t, row["acc"][k]) for t, row in zip(tokens, rows, strict=True) if k < len(row["acc"])]
+        ax.plot([t for t, _ in points], [a for _, a in points], marker="o", label=f"depth {k + 1}")
+    ax.set_xscale("symlog", linthresh=1e5)
+    ax.set_xlabel("tokens trained")
+    ax.set_ylabel("held-out top-1 agreement with the target")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
