@@ -202,20 +202,17 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def status_command(args: argparse.Namespace) -> int:
-    from specprim.train._campaign import CONFIG_NAME, campaign_status, format_status
+    from specprim.train._campaign import campaign_status, format_status
 
-    if not (Path(args.run_dir) / CONFIG_NAME).is_file():
-        raise UsageError(f"no campaign in {args.run_dir} ({CONFIG_NAME} missing)")
+    require_campaign(args.run_dir)
     print(format_status(campaign_status(args.run_dir)))
     return 0
 
 
 def curve_command(args: argparse.Namespace) -> int:
-    from specprim.train._campaign import CONFIG_NAME
     from specprim.train._scaling import plot_scaling, scaling_rows, scaling_table
 
-    if not (Path(args.run_dir) / CONFIG_NAME).is_file():
-        raise UsageError(f"no campaign in {args.run_dir} ({CONFIG_NAME} missing)")
+    require_campaign(args.run_dir)
     try:
         rows = scaling_rows(args.run_dir)
     except ValueError as error:
@@ -228,3 +225,11 @@ def curve_command(args: argparse.Namespace) -> int:
         plot_scaling(rows, args.png, title=f"campaign {args.run_dir}")
         print(f"curve: {args.png}")
     return 0
+
+
+def require_campaign(run_dir: str) -> None:
+    """``UsageError`` unless ``run_dir`` holds a campaign's settings file."""
+    from specprim.train._campaign import CONFIG_NAME
+
+    if not (Path(run_dir) / CONFIG_NAME).is_file():
+        raise UsageError(f"no campaign in {run_dir} ({CONFIG_NAME} missing)")
