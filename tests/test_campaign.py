@@ -283,6 +283,39 @@ def test_bad_inputs_give_a_one_line_error(tiny, capsys):
     shutil.rmtree(run)
 
 
+def test_a_campaign_on_the_sources_answers_keeps_them_and_holds_out_the_targets(tiny, whole, capsys):
+    """answers='source': training shards are the trimmed source conversations (nothing generated), the held-out
+    shard is still the target's greedy answers (the same as a self-distilling campaign's), the head grows to two
+    layers and trains."""
+    run = tiny / "source"
+    campaign = _campaign(tiny, run, head_layers=2, max_train_tokens=300, milestones=(200,))
+    campaign = Campaign(**{**campaign.__dict__, "data": CampaignData(**{**campaign.data.__dict__, "answers": "source",
+                                                                          "passes": 1})})
+    status = run_campaign(campaign, log=_quiet)
+    order = json.loads((run / "order.json").read_text())
+    source = [json.loads(line) for line in (tiny / "chats.jsonl").read_text().splitlines()]
+    kept = [json.loads(line) for line in (run / "shards" / "00000" / "distilled.jsonl").read_text().splitlines()]
+    assert kept == [trim_conversation(source[i], campaign.data) for i in order["train"][:4]]
+    meta = json.loads((run / "shards" / "00000" / "distilled.json").read_text())
+    assert meta["answers"] == "source" and meta["generated_tokens"] == 0 and meta["source_tokens"] > 0
+    held_out = (run / "shards" / "holdout" / "distilled.jsonl").read_text()
+    assert held_out == (tiny / "whole" / "shards" / "holdout" / "distilled.jsonl").read_text()
+    assert held_out != "".join(json.dumps(trim_conversation(source[i], campaign.data)) + "\n"
+                               for i in order["holdout"])
+    assert status.generated_tokens == 0 and status.source_tokens >= meta["source_tokens"]
+    assert status.trained_tokens >= 300
+    head = EagleHead.from_pretrained(run / "milestones" / "200", tiny_causal_lm("llama"))
+    assert head.config.num_layers == 2
+    assert cli.main(["campaign", "status", str(run)]) == 0
+    assert f"answers:    the source's own, {status.source_tokens:,} tokens" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="answers must be 'target' or 'source'"):
+        CampaignData(answers="teacher")
+    with pytest.raises(ValueError, match="would cache the same conversations again"):
+        CampaignData(answers="source", passes=2)
+    with pytest.raises(ValueError, match="head_layers must be >= 1"):
+        CampaignHead(head_layers=0)
+
+
 def test_rates_are_recent_and_the_eta_counts_the_data_still_to_make():
     from specprim.train._campaign import _eta, _rate
 
@@ -293,6 +326,7 @@ def test_rates_are_recent_and_the_eta_counts_the_data_still_to_make():
     # 100 more trained tokens need 50 more cached tokens: 25 generated at 10 tok/s, cached at 100 tok/s
     assert _eta(100, 0, 2.0, 0.5, rates) == pytest.approx(2.0 + 50 * (0.5 / 10 + 1 / 100))
     assert _eta(100, 0, 2.0, 0.5, {**rates, "distill": None}) is None
+    assert _eta(100, 0, 2.0, 0.0, {**rates, "distill": None}) == pytest.approx(2.0 + 50 / 100)  # nothing to generate
 
 
 def test_adapt_threads_leaves_the_cpus_other_processes_keep_busy(monkeypatch, capsys):

@@ -208,6 +208,9 @@ USAGE_ERRORS = [
     (["train", "medusa", "--out", "{tmp}/t", "--hass-topk", "4"], "--hass-topk trains unrolled draft depths"),
     (["train", "eagle3", "--out", "{tmp}/t", "--hass-topk", "20"], "--hass-topk 20 needs .* --top-k keeps 16"),
     (["train", "eagle3", "--out", "{tmp}/t", "--hass-weight", "2"], "pass --hass-topk K too"),
+    (["train", "medusa", "--out", "{tmp}/t", "--head-layers", "2"], "--head-layers sets the decoder layers of eagle3, "
+                                                                    "eagle heads; kind 'medusa' has no such choice"),
+    (["train", "eagle3", "--out", "{tmp}/t", "--head-layers", "0"], "--head-layers must be >= 1"),
     (["train", "eagle3", "--out", "{tmp}/t", "--hass-topk", "8", "--hass-weight", "0"], "--hass-weight must be > 0"),
     (["train", "eagle3", "--out", "{tmp}/t", "--num-conversations", "0"], "--num-conversations must be >= 1"),
     (["train", "eagle3", "--out", "{tmp}/t", "--batch-tokens", "-5"], "--batch-tokens must be >= 1"),

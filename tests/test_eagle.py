@@ -182,6 +182,33 @@ def test_extend_equals_sequential_paths(version, vocab):
 
 
 @pytest.mark.parametrize("version,vocab", HEADS, ids=HEAD_IDS)
+def test_a_grown_head_drafts_as_the_head_it_grew_from_and_its_new_layers_train(version, vocab):
+    target = tiny_causal_lm("llama")
+    head = make_head(target, version, vocab)
+    with torch.no_grad():  # a head whose layer is not at its initial weights
+        for parameter in head.layers.parameters():
+            parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+    grown = head.grown(target, 3)
+    assert grown.config.num_layers == 3 and len(grown.layers) == 3 and head.config.num_layers == 1
+    features = features_of(target, head, PROMPT)
+    for path in ([], [11, 50]):
+        torch.testing.assert_close(sequential_logits(grown, PROMPT, features, path),
+                                   sequential_logits(head, PROMPT, features, path), atol=1e-6, rtol=0)
+    # the check is not vacuous: a new layer whose output projection is not zero changes the drafts
+    broken = head.grown(target, 2)
+    with torch.no_grad():
+        broken.layers[1].self_attn.o_proj.weight.normal_(0.0, 0.2, generator=torch.Generator().manual_seed(2))
+    assert not torch.allclose(sequential_logits(broken, PROMPT, features, []),
+                              sequential_logits(head, PROMPT, features, []), atol=1e-4)
+    # the new layers learn: their zero projections get gradients
+    grown.logits(grown.predict(PROMPT[:, 1:], grown.fuse(features))).logsumexp(-1).sum().backward()
+    assert grown.layers[2].self_attn.o_proj.weight.grad.abs().sum() > 0
+    assert grown.layers[2].mlp.down_proj.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="3 decoder layers cannot be grown to 2"):
+        grown.grown(target, 2)
+
+
+@pytest.mark.parametrize("version,vocab", HEADS, ids=HEAD_IDS)
 def test_incremental_commits_equal_recomputation(version, vocab):
     """begin() after several steps (with scratch nodes in between) equals running every pair from scratch."""
     target = tiny_causal_lm("qwen2")

@@ -8,7 +8,7 @@ import pytest
 import torch
 from _tiny import VOCAB, tiny_causal_lm
 
-from specprim._names import TRAIN_KINDS, UNROLLED_TRAIN_KINDS
+from specprim._names import LAYERED_TRAIN_KINDS, TRAIN_KINDS, UNROLLED_TRAIN_KINDS
 from specprim.drafters import EagleHead, MedusaHeads, MTPHead, ParallelHead, head_classes
 from specprim.models import load_head
 from specprim.train import (
@@ -46,6 +46,7 @@ def test_the_registry_names_the_command_lines_kinds_in_order():
     assert tuple(REGISTRY) == TRAIN_KINDS
     assert all(isinstance(kind, TrainKind) for kind in REGISTRY.values())
     assert UNROLLED_TRAIN_KINDS == tuple(name for name, kind in REGISTRY.items() if kind.unrolled)
+    assert LAYERED_TRAIN_KINDS == tuple(name for name, kind in REGISTRY.items() if kind.grow is not None)
 
 
 EXPECTED = {"eagle3": (EagleObjective, EagleHead), "eagle": (EagleObjective, EagleHead),
@@ -82,6 +83,26 @@ def test_the_registry_refuses_what_a_kind_cannot_do(target, dataset, tmp_path):
         build_objective("distill", target, dataset)
     with pytest.raises(ValueError, match="init_from does not apply"):
         build_objective("distill", target, dataset, draft=tiny_causal_lm("llama", seed=1), init_from=tmp_path)
+    with pytest.raises(ValueError, match=r"head_layers sets the decoder layers of eagle3, eagle heads \(>= 1\); got 2 "
+                                         "for 'medusa'"):
+        build_objective("medusa", target, dataset, head_layers=2)
+    with pytest.raises(ValueError, match="got 0 for 'eagle3'"):
+        build_objective("eagle3", target, dataset, head_layers=0)
+
+
+def test_head_layers_sizes_a_fresh_eagle_head_and_grows_a_saved_one(target, dataset, tmp_path):
+    fresh = build_objective("eagle3", target, dataset, head_layers=2)
+    assert fresh.module.config.num_layers == 2
+    build_objective("eagle3", target, dataset).save_pretrained(tmp_path / "one")
+    assert build_objective("eagle3", target, dataset, init_from=tmp_path / "one").module.config.num_layers == 1
+    grown = build_objective("eagle3", target, dataset, init_from=tmp_path / "one", head_layers=3).module
+    saved = load_head(tmp_path / "one", target)
+    assert grown.config.num_layers == 3
+    torch.testing.assert_close(grown.layers[0].state_dict(), saved.layers[0].state_dict())
+    assert not grown.layers[2].mlp.down_proj.weight.detach().any()  # an added layer starts as the identity
+    fresh.save_pretrained(tmp_path / "two")
+    with pytest.raises(ValueError, match="2 decoder layers cannot be grown to 1"):
+        build_objective("eagle3", target, dataset, init_from=tmp_path / "two", head_layers=1)
 
 
 def test_a_new_kind_is_one_registry_entry(target, dataset, monkeypatch):

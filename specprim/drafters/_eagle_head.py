@@ -209,6 +209,29 @@ class EagleHead(nn.Module):
             head._init_weights(generator)
         return head
 
+    def grown(self, target: PreTrainedModel, num_layers: int,
+              generator: torch.Generator | None = None) -> EagleHead:
+        """A copy of this head with decoder layers added after its own, up to ``num_layers`` in all.
+
+        The added layers start as the identity: their linear weights are drawn as in :meth:`from_target` except
+        the attention output and MLP down projections, which are zero, so each layer adds nothing to its residual
+        stream and the grown head drafts exactly as this one until it is trained. ``ValueError`` when
+        ``num_layers`` is fewer than the head has.
+        """
+        have = self.config.num_layers
+        if num_layers < have:
+            raise ValueError(f"a head with {have} decoder layers cannot be grown to {num_layers}")
+        head = type(self)(dataclasses.replace(self.config, num_layers=num_layers), target)
+        with torch.no_grad():
+            head._init_weights(generator)
+            for layer in head.layers[have:]:
+                layer.self_attn.o_proj.weight.zero_()
+                layer.mlp.down_proj.weight.zero_()
+            missing, unexpected = head.load_state_dict(self.state_dict(), strict=False)
+        if unexpected or any(not name.startswith("layers.") for name in missing):
+            raise ValueError(f"cannot grow this head: its weights do not fit ({unexpected or missing})")
+        return head
+
     @classmethod
     def from_config(cls, config: dict[str, Any], target: PreTrainedModel) -> EagleHead:
         """A head with placeholder weights for a saved ``config`` (used by :meth:`from_pretrained`)."""

@@ -61,6 +61,7 @@ __all__ = [
 DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
 _DTYPES = ("float32", "bfloat16")
+_GENERATED_PER_CACHED = {"target": 0.7, "source": 0.0}  # generated tokens per cached token before any is known
 _RECENT = 20  # units of work the rates of `campaign status` are measured over
 _SHINGLE = 8  # words in a row shared with a benchmark question that exclude a conversation
 
@@ -71,6 +72,10 @@ class CampaignData:
 
     Attributes:
         source: ``"sharegpt"`` (ShareGPT V3) or a JSONL file of conversations.
+        answers: ``"target"``: the target answers every training conversation itself (self-distillation);
+            ``"source"``: the source's own assistant turns are kept (no generation; only the labels, the target's
+            next-token probabilities, come from the target). The held-out shard is the target's greedy answers
+            either way, so campaigns that differ in ``answers`` are evaluated on the same data.
         skip_first: items ``[0, skip_first)`` of the source are never used.
         exclude_benchmarks: built-in benchmark datasets whose questions must not be trained on: a conversation
             with a user turn sharing 8 consecutive words with one of their questions is left out.
@@ -89,6 +94,7 @@ class CampaignData:
     """
 
     source: str = "sharegpt"
+    answers: str = "target"
     skip_first: int = 200
     exclude_benchmarks: tuple[str, ...] = ("mt-bench", "humaneval", "gsm")
     max_prompt_chars: int = 1500
@@ -110,6 +116,11 @@ class CampaignData:
         object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
         if not self.source:
             raise ValueError("data source must be 'sharegpt' or a JSONL file")
+        if self.answers not in ("target", "source"):
+            raise ValueError(f"answers must be 'target' or 'source', got {self.answers!r}")
+        if self.answers == "source" and self.passes > 1:
+            raise ValueError(f"passes ({self.passes}) > 1 with answers='source' would cache the same conversations "
+                             "again; train longer with train_ratio instead")
         if self.skip_first < 0:
             raise ValueError(f"skip_first must be >= 0, got {self.skip_first}")
         if not self.shard_sizes or min(self.shard_sizes) < 1:
@@ -137,6 +148,8 @@ class CampaignHead:
         init_from: continue training this saved head (a directory or a shipped head's name); ``None``: a fresh
             head with ``draft_vocab_size`` draft tokens (the target's most frequent greedy tokens in shard 0).
         draft_vocab_size, steps, loss_on: as ``specprim train eagle3 --draft-vocab-size / --steps / --loss-on``.
+        head_layers: decoder layers of the head (default: 1 fresh, ``init_from``'s own count; more than that grows
+            the saved head, its added layers starting as the identity), as ``specprim train --head-layers``.
         align, align_topk, hass_topk, hass_weight: token-alignable training and HASS's top-K distillation, as
             ``specprim train --align / --align-topk / --hass-topk / --hass-weight`` (off by default).
         lr, warmup_steps: AdamW learning rate, constant after a linear warm-up (the data keeps growing, so no
@@ -155,6 +168,7 @@ class CampaignHead:
     draft_vocab_size: int = 8192
     steps: int = 3
     loss_on: str = "assistant"
+    head_layers: int | None = None
     align: bool = False
     align_topk: int = 1
     hass_topk: int = 0
@@ -173,8 +187,8 @@ class CampaignHead:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "milestones", tuple(int(m) for m in self.milestones))
-        if self.draft_vocab_size < 1 or self.steps < 1:
-            raise ValueError("draft_vocab_size and steps must be >= 1")
+        if self.draft_vocab_size < 1 or self.steps < 1 or (self.head_layers is not None and self.head_layers < 1):
+            raise ValueError("draft_vocab_size, steps and head_layers must be >= 1")
         if self.loss_on not in ("all", "assistant"):
             raise ValueError(f"loss_on must be 'all' or 'assistant', got {self.loss_on!r}")
         if self.align_topk < 1 or (self.align_topk > 1 and not self.align):
@@ -546,6 +560,9 @@ class _Runner:
         directory.mkdir(parents=True, exist_ok=True)
         source = self.conversations()
         todo = [trim_conversation(source[i], self.data) for i in shard.items]
+        if self.data.answers == "source" and shard.index >= 0:
+            self.keep_source_answers(shard, todo)
+            return
         partial = directory / ".distilled.jsonl.partial"
         partial.touch()
         done = _complete_lines(partial)
@@ -574,6 +591,19 @@ class _Runner:
             "pass": shard.pass_index, "seed": shard.seed,
         })
         os.replace(partial, final)
+
+    def keep_source_answers(self, shard: Shard, conversations: Sequence[Conversation]) -> None:
+        """Stage 1 with ``answers="source"``: the trimmed conversations as they are, written in one go."""
+        directory = self.shard_dir(shard)
+        tokens = _generated_tokens(self.tokenizer, conversations)
+        _write_json(directory / "distilled.json", {
+            "conversations": len(conversations), "generated_tokens": 0, "source_tokens": tokens, "answers": "source",
+            "pass": shard.pass_index,
+        })
+        _write_text(directory / "distilled.jsonl",  # last: its presence marks the stage done
+                    "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in conversations))
+        self.log(f"shard {shard.name}: kept the source's answers of {len(conversations)} conversations "
+                 f"({tokens:,} assistant tokens)")
 
     # -- stage 2: target features ------------------------------------------------------------------------------
 
@@ -640,7 +670,7 @@ class _Runner:
         return build_objective("eagle3", self.target, dataset, draft_vocab_size=self.head.draft_vocab_size,
                                steps=self.head.steps, loss_on=self.head.loss_on, init_from=self.head.init_from,
                                align=self.head.align, align_topk=self.head.align_topk, hass_topk=self.head.hass_topk,
-                               hass_weight=self.head.hass_weight)
+                               hass_weight=self.head.hass_weight, head_layers=self.head.head_layers)
 
     def trainer_state(self) -> dict[str, Any]:
         return trainer_state(self.dir / "train")
@@ -868,7 +898,8 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
 class CampaignStatus:
     """Where a campaign stands, read from its run directory (see :func:`campaign_status`).
 
-    Token counts: ``generated`` (written by the target, training shards), ``cached`` (rendered tokens with cached
+    Token counts: ``generated`` (written by the target, training shards), ``source`` (the source's own assistant
+    turns kept by a campaign with ``answers="source"``), ``cached`` (rendered tokens with cached
     features, training shards), ``trained`` (tokens optimised on, repeats counted). ``rates`` are measured tokens
     per second of each stage over its last 20 units of work (``None`` before the first); ``eta_seconds`` estimates
     the time to ``next_milestone`` from them. ``data_exhausted``: every shard of the data plan is cached and the
@@ -882,6 +913,7 @@ class CampaignStatus:
     shards_cached: int
     conversations: int
     generated_tokens: int
+    source_tokens: int
     cached_tokens: int
     holdout_tokens: int
     trained_tokens: int
@@ -902,13 +934,14 @@ def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
     directory = Path(run_dir)
     order = _read_json(directory / "order.json")
     shards = plan_shards(order, campaign.data)[1] if order is not None else []
-    distilled = cached = conversations = generated = cached_tokens = 0
+    distilled = cached = conversations = generated = source = cached_tokens = 0
     for shard in shards:
         record = _read_json(directory / "shards" / shard.name / "distilled.json")
         if record is not None:
             distilled += 1
             conversations += record["conversations"]
             generated += record["generated_tokens"]
+            source += record.get("source_tokens", 0)
         record = _read_json(directory / "shards" / shard.name / "cached.json")
         if record is not None:
             cached += 1
@@ -932,10 +965,12 @@ def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
     eta = None
     if next_milestone is not None and not (exhausted and head.train_ratio * cached_tokens < next_milestone):
         eta = _eta(next_milestone - state["tokens"], head.train_ratio * cached_tokens - state["tokens"],
-                   head.train_ratio, generated / cached_tokens if cached_tokens else 0.7, rates)
+                   head.train_ratio, generated / cached_tokens if cached_tokens else _GENERATED_PER_CACHED[
+                       campaign.data.answers], rates)
     return CampaignStatus(
         run_dir=os.fspath(run_dir), campaign=campaign, shards_planned=len(shards), shards_distilled=distilled,
-        shards_cached=cached, conversations=conversations, generated_tokens=generated, cached_tokens=cached_tokens,
+        shards_cached=cached, conversations=conversations, generated_tokens=generated, source_tokens=source,
+        cached_tokens=cached_tokens,
         holdout_tokens=0 if holdout is None else holdout["tokens"], trained_tokens=state["tokens"],
         step=state["step"], baseline=next((r for r in records if r["segment"] == 0), None),
         evaluation=records[-1] if records else None, milestones_done=done, next_milestone=next_milestone,
@@ -959,9 +994,10 @@ def _eta(tokens: float, trainable: float, ratio: float, generated_per_cached: fl
     seconds = tokens / rates["train"]
     missing = tokens - max(0.0, trainable)
     if missing > 0:
-        if not rates["distill"] or not rates["cache"]:
+        if (generated_per_cached and not rates["distill"]) or not rates["cache"]:
             return None
-        seconds += missing / ratio * (generated_per_cached / rates["distill"] + 1 / rates["cache"])
+        seconds += missing / ratio * ((generated_per_cached / rates["distill"] if generated_per_cached else 0.0)
+                                      + 1 / rates["cache"])
     return seconds
 
 
@@ -1012,9 +1048,11 @@ def format_status(status: CampaignStatus) -> str:
         if stage["stage"] in _ACTIVE:
             text += _process_note(stage.get("pid"))
         lines.append(f"now:        {text}")
+    made = (f"generated:  {status.generated_tokens:,} tokens" if campaign.data.answers == "target"
+            else f"answers:    the source's own, {status.source_tokens:,} tokens")
     lines += [
-        f"generated:  {status.generated_tokens:,} tokens ({status.conversations:,} conversations; "
-        f"{status.shards_distilled} of {status.shards_planned} shards complete)",
+        f"{made} ({status.conversations:,} conversations; {status.shards_distilled} of {status.shards_planned} "
+        "shards complete)",
         f"cached:     {status.cached_tokens:,} tokens ({status.shards_cached} shards; held-out shard "
         f"{status.holdout_tokens:,} tokens)",
         f"trained:    {status.trained_tokens:,} tokens (step {status.step})",

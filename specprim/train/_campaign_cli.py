@@ -24,6 +24,7 @@ _OPTIONS = {
     "distill_dtype": (None, "distill_dtype", str),
     "feature_dtype": (None, "feature_dtype", str),
     "data": ("data", "source", str),
+    "answers": ("data", "answers", str),
     "skip_first": ("data", "skip_first", int),
     "exclude_benchmarks": ("data", "exclude_benchmarks", lambda v: tuple(x for x in v.split(",") if x)),
     "max_prompt_chars": ("data", "max_prompt_chars", int),
@@ -42,6 +43,7 @@ _OPTIONS = {
     "draft_vocab_size": ("head", "draft_vocab_size", int),
     "steps": ("head", "steps", int),
     "loss_on": ("head", "loss_on", str),
+    "head_layers": ("head", "head_layers", int),
     "lr": ("head", "lr", float),
     "warmup_steps": ("head", "warmup_steps", int),
     "batch_tokens": ("head", "batch_tokens", int),
@@ -75,6 +77,10 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     run.add_argument("--feature-dtype", choices=("float32", "bfloat16"))
     data = run.add_argument_group("data plan")
     data.add_argument("--data", help="'sharegpt' (default) or a JSONL file of conversations")
+    data.add_argument("--answers", choices=("target", "source"),
+                      help="who writes the training answers: the target itself (default, self-distillation) or the "
+                           "source's own assistant turns (labels still the target's); held out: the target's either "
+                           "way")
     data.add_argument("--skip-first", help="source items never used (default 200)")
     data.add_argument("--exclude-benchmarks", help="comma-separated benchmark datasets whose questions are left out "
                                                    "(default mt-bench,humaneval,gsm; '' for none)")
@@ -96,6 +102,8 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     head.add_argument("--draft-vocab-size")
     head.add_argument("--steps", help="training-time test depths (default 3)")
     head.add_argument("--loss-on", choices=("all", "assistant"))
+    head.add_argument("--head-layers", help="decoder layers of the head (default: 1 fresh, or --init-from's own; more "
+                                            "grows that head, the added layers starting as the identity)")
     head.add_argument("--lr")
     head.add_argument("--warmup-steps")
     head.add_argument("--batch-tokens")

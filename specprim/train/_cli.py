@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specprim import models
-from specprim._names import TRAIN_KINDS, UNROLLED_TRAIN_KINDS
+from specprim._names import LAYERED_TRAIN_KINDS, TRAIN_KINDS, UNROLLED_TRAIN_KINDS
 from specprim._usage import UsageError, as_usage_error, at_least, check_file
 from specprim.models import check_model
 
@@ -53,6 +53,9 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
                         help="add HASS's top-K distillation over the target's K most likely tokens to each depth's "
                              "loss (EAGLE, MTP; K <= --top-k; default 0: off)")
     parser.add_argument("--hass-weight", type=float, help="weight of the --hass-topk loss (default 1.0)")
+    parser.add_argument("--head-layers", type=int,
+                        help="decoder layers of an EAGLE head (default 1; with --init-from: the saved head's, which "
+                             "grows to this many, the added layers starting as the identity)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--lr", type=float, default=3e-4)
@@ -88,13 +91,16 @@ def check_train(args: argparse.Namespace) -> None:
         raise UsageError("--hass-weight weighs the --hass-topk loss; pass --hass-topk K too")
     if args.hass_weight is not None and not args.hass_weight > 0:
         raise UsageError(f"--hass-weight must be > 0, got {args.hass_weight}")
+    if args.head_layers is not None and args.kind not in LAYERED_TRAIN_KINDS:
+        raise UsageError(f"--head-layers sets the decoder layers of {', '.join(LAYERED_TRAIN_KINDS)} heads; kind "
+                         f"{args.kind!r} has no such choice")
     if args.hass_topk > args.top_k:
         raise UsageError(f"--hass-topk {args.hass_topk} needs that many target probabilities per position; "
                          f"--top-k keeps {args.top_k}")
     for option, least in (("num_conversations", 1), ("max_length", 2), ("holdout", 0), ("distill_max_new_tokens", 1),
                           ("distill_batch_size", 1), ("distill_temperature", 0), ("top_k", 1),
                           ("draft_vocab_size", 1), ("num_heads", 1), ("steps", 1), ("batch_tokens", 1),
-                          ("align_topk", 1), ("hass_topk", 0), ("threads", 1)):
+                          ("align_topk", 1), ("hass_topk", 0), ("head_layers", 1), ("threads", 1)):
         at_least(f"--{option.replace('_', '-')}", getattr(args, option), least)
     if args.data != "sharegpt":
         check_file("--data", args.data)
@@ -135,7 +141,7 @@ def train_command(args: argparse.Namespace) -> int:
         draft_vocab_size=args.draft_vocab_size, num_heads=args.num_heads, steps=args.steps,
         loss_on=args.loss_on, init_from=args.init_from, batch_tokens=args.batch_tokens, align=args.align,
         align_topk=args.align_topk, hass_topk=args.hass_topk,
-        hass_weight=1.0 if args.hass_weight is None else args.hass_weight,
+        hass_weight=1.0 if args.hass_weight is None else args.hass_weight, head_layers=args.head_layers,
     )
     print(f"feature cache: {head}" if args.features_only else f"trained {args.kind}: {head}")
     return 0

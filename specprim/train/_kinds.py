@@ -39,6 +39,7 @@ class KindInputs:
     steps: int | None = None
     loss_on: str = "all"
     align: bool = False
+    head_layers: int | None = None
 
     @property
     def num_layers(self) -> int:
@@ -57,6 +58,8 @@ class TrainKind:
             head, ``init_from`` is refused).
         own_layers: the ``output_hidden_states`` indices the kind reads besides the last one, from ``L``.
         unrolled: the kind trains unrolled draft depths (``align`` applies).
+        grow: a saved head of the kind with decoder layers added up to a count (``head_layers`` with
+            ``init_from``); ``None``: the kind's heads have no decoder-layer count to choose.
     """
 
     fresh: Callable[[KindInputs], nn.Module]
@@ -64,6 +67,7 @@ class TrainKind:
     is_saved_kind: Callable[[nn.Module], bool] | None = None
     own_layers: Callable[[int], tuple[int, ...]] = lambda num_layers: ()
     unrolled: bool = False
+    grow: Callable[[nn.Module, Any, int], nn.Module] | None = None
 
 
 def greedy_token_counts(dataset: FeatureDataset, vocab_size: int) -> torch.Tensor:
@@ -83,9 +87,14 @@ def _fresh_eagle(version: int) -> Callable[[KindInputs], nn.Module]:
         vocab = int(inputs.target.get_output_embeddings().weight.shape[0])
         counts = greedy_token_counts(inputs.dataset, vocab) if inputs.draft_vocab_size else None
         return EagleHead.from_target(inputs.target, version=version, draft_vocab_size=inputs.draft_vocab_size,
-                                     token_counts=counts, generator=torch.Generator().manual_seed(0))
+                                     token_counts=counts, num_layers=inputs.head_layers or 1,
+                                     generator=torch.Generator().manual_seed(0))
 
     return build
+
+
+def _grow_eagle(head: nn.Module, target: Any, num_layers: int) -> nn.Module:
+    return head.grown(target, num_layers, generator=torch.Generator().manual_seed(0))
 
 
 def _eagle_objective(head: nn.Module, inputs: KindInputs) -> Objective:
@@ -151,8 +160,10 @@ def _parallel_objective(head: nn.Module, inputs: KindInputs) -> Objective:
 
 REGISTRY: dict[str, TrainKind] = {
     "eagle3": TrainKind(fresh=_fresh_eagle(3), objective=_eagle_objective, is_saved_kind=_is_eagle(3),
-                        own_layers=lambda num_layers: default_feature_layers(3, num_layers), unrolled=True),
-    "eagle": TrainKind(fresh=_fresh_eagle(1), objective=_eagle_objective, is_saved_kind=_is_eagle(1), unrolled=True),
+                        own_layers=lambda num_layers: default_feature_layers(3, num_layers), unrolled=True,
+                        grow=_grow_eagle),
+    "eagle": TrainKind(fresh=_fresh_eagle(1), objective=_eagle_objective, is_saved_kind=_is_eagle(1), unrolled=True,
+                       grow=_grow_eagle),
     "medusa": TrainKind(fresh=_fresh_medusa, objective=_medusa_objective,
                         is_saved_kind=lambda head: isinstance(head, MedusaHeads)),
     "mtp": TrainKind(fresh=lambda inputs: MTPHead.from_target(inputs.target), objective=_mtp_objective,

@@ -104,13 +104,19 @@ def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: A
                     draft_vocab_size: int | None = None, num_heads: int = 4, steps: int | None = None,
                     loss_on: str = "all", init_from: str | os.PathLike[str] | None = None,
                     align: bool = False, align_topk: int = 1, hass_topk: int = 0,
-                    hass_weight: float = 1.0) -> Objective:
+                    hass_weight: float = 1.0, head_layers: int | None = None) -> Objective:
     """A draft module of ``kind`` for ``target`` wrapped in its objective (both built by the kind's entry in
     :data:`specprim.train._kinds.REGISTRY`): freshly initialised, or the saved head ``init_from`` (its own config
     and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored). ``align`` (with ``align_topk``)
     and ``hass_topk`` / ``hass_weight``: token-alignable training and HASS's top-K distillation of the unrolled
-    heads (see :class:`specprim.train._unrolled.Unrolling`); ``ValueError`` for other kinds."""
+    heads (see :class:`specprim.train._unrolled.Unrolling`); ``ValueError`` for other kinds. ``head_layers``: decoder
+    layers of a fresh EAGLE head, or of a saved one grown to that many (its added layers start as the identity,
+    see :meth:`specprim.drafters.EagleHead.grown`); default: 1 fresh, the saved head's own count."""
     entry = train_kind(kind)
+    if head_layers is not None and (entry.grow is None or head_layers < 1):
+        layered = ", ".join(name for name, other in REGISTRY.items() if other.grow is not None)
+        raise ValueError(f"head_layers sets the decoder layers of {layered} heads (>= 1); got {head_layers} for "
+                         f"{kind!r}")
     if (align or hass_topk) and not entry.unrolled:
         unrolled = ", ".join(name for name, other in REGISTRY.items() if other.unrolled)
         option = "align" if align else "hass_topk"
@@ -119,8 +125,10 @@ def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: A
         raise ValueError(f"hass_topk={hass_topk} needs that many target probabilities per position; the feature "
                          f"cache keeps {dataset.manifest['top_k']} (--top-k)")
     inputs = KindInputs(target=target, dataset=dataset, draft=draft, draft_vocab_size=draft_vocab_size,
-                        num_heads=num_heads, steps=steps, loss_on=loss_on, align=align)
+                        num_heads=num_heads, steps=steps, loss_on=loss_on, align=align, head_layers=head_layers)
     module = entry.fresh(inputs) if init_from is None else _saved_module(kind, target, init_from)
+    if init_from is not None and head_layers is not None and entry.grow is not None:
+        module = entry.grow(module, target, head_layers)
     objective = entry.objective(module, inputs)
     if align_topk != 1 or hass_topk:  # every unrolled objective holds its Unrolling as ``unrolling``
         objective.unrolling = dataclasses.replace(objective.unrolling, align_topk=align_topk, hass_topk=hass_topk,
@@ -151,6 +159,7 @@ def train_drafter(
     align_topk: int = 1,
     hass_topk: int = 0,
     hass_weight: float = 1.0,
+    head_layers: int | None = None,
 ) -> Path:
     """Train a draft module of ``kind`` for ``target`` end to end; returns ``output_dir / "run" / "head"``.
 
@@ -166,7 +175,8 @@ def train_drafter(
     top-K distillation weighted ``hass_weight`` (see :class:`specprim.train._unrolled.Unrolling`).
 
     ``init_from`` continues training a saved head (a directory or a shipped head's name) instead of a fresh one,
-    e.g. on a new, larger feature cache in a new ``output_dir``.
+    e.g. on a new, larger feature cache in a new ``output_dir``. ``head_layers`` sets an EAGLE head's decoder layers
+    (a saved head grows to that many, its added layers starting as the identity).
 
     ``feature_model`` computes the features and self-distils instead of ``target`` (e.g. a bfloat16 copy: about
     twice as fast on CPUs with AMX; the head still trains against ``target``'s modules). ``features_only`` stops
@@ -185,13 +195,14 @@ def train_drafter(
                              holdout=data.holdout)
     objective = build_objective(kind, target, dataset, draft=draft, draft_vocab_size=draft_vocab_size,
                                 num_heads=num_heads, steps=steps, loss_on=loss_on, init_from=init_from, align=align,
-                                align_topk=align_topk, hass_topk=hass_topk, hass_weight=hass_weight)
+                                align_topk=align_topk, hass_topk=hass_topk, hass_weight=hass_weight,
+                                head_layers=head_layers)
     (output / "run").mkdir(exist_ok=True)
     (output / "run" / "settings.json").write_text(json.dumps({
         "kind": kind, "data": dataclasses.asdict(data), "train": dataclasses.asdict(config),
         "draft_vocab_size": draft_vocab_size, "num_heads": num_heads, "steps": steps, "loss_on": loss_on,
         "align": align, "align_topk": align_topk, "hass_topk": hass_topk, "hass_weight": hass_weight,
-        "batch_tokens": batch_tokens, "features": str(directory),
+        "head_layers": head_layers, "batch_tokens": batch_tokens, "features": str(directory),
         "init_from": None if init_from is None else os.fspath(init_from),
     }, indent=1))
     train(objective, dataset, output / "run", config, progress=progress)
