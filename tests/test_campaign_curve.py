@@ -40,7 +40,7 @@ def test_table_and_png(run, tmp_path):
     assert table[0] == ("| tokens trained | distinct data tokens | top-1 depth 1 | top-1 depth 2 | "
                         "greedy chain tau (teacher-forced) |")
     assert table[3] == "| 250,000 | 150,000 | 0.500 | 0.400 | 1.70 |" and len(table) == 5
-    png = plot_scaling(scaling_rows(run), tmp_path / "curve.png")
+    png = plot_scaling({"run": scaling_rows(run)}, tmp_path / "curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -50,6 +50,21 @@ def test_command_writes_both_files(run, tmp_path, capsys):
     assert (tmp_path / "c.md").read_text() == scaling_table(scaling_rows(run))
     assert (tmp_path / "c.png").stat().st_size > 1000
     assert "| 600,000 | 300,000 | 0.600 | 0.500 | 1.90 |" in capsys.readouterr().out
+
+
+def test_several_campaigns_share_one_chart_and_each_has_its_table(run, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "campaign.json").write_text("{}")
+    (other / "eval.jsonl").write_text(json.dumps(evaluation(0, 0, 0, [0.45, 0.35], [0.45, 0.15])) + "\n")
+    assert cli.main(["campaign", "curve", str(run), str(other), "--png", str(tmp_path / "both.png"),
+                     "--markdown", str(tmp_path / "both.md")]) == 0
+    text = (tmp_path / "both.md").read_text()
+    assert text.startswith(f"{run}:\n\n| tokens trained") and f"\n{other}:\n\n| tokens trained" in text
+    assert "| 0 | 0 | 0.450 | 0.350 | 1.60 |" in text and text in capsys.readouterr().out
+    assert (tmp_path / "both.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert cli.main(["campaign", "curve", str(run), str(tmp_path / "nowhere")]) == 2  # every directory is checked
+    assert "no campaign in" in capsys.readouterr().err
 
 
 def test_errors_are_one_line(tmp_path, capsys):

@@ -129,8 +129,10 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     status = actions.add_parser("status", help="tokens generated / cached / trained, held-out accuracy, ETA")
     status.add_argument("run_dir")
     status.set_defaults(func=status_command)
-    curve = actions.add_parser("curve", help="the scaling curve: held-out top-1 by depth against tokens trained")
-    curve.add_argument("run_dir")
+    curve = actions.add_parser("curve", help="the scaling curve: held-out top-1 by depth against tokens trained",
+                               description="One table per campaign; with --png, one chart with a colour per campaign "
+                                           "(e.g. the same data with a larger head, or other data).")
+    curve.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     curve.add_argument("--png", help="write the curve as a PNG here (needs matplotlib)")
     curve.add_argument("--markdown", help="write the table as markdown here (it is printed either way)")
     curve.set_defaults(func=curve_command)
@@ -220,17 +222,22 @@ def status_command(args: argparse.Namespace) -> int:
 def curve_command(args: argparse.Namespace) -> int:
     from specprim.train._scaling import plot_scaling, scaling_rows, scaling_table
 
-    require_campaign(args.run_dir)
-    try:
-        rows = scaling_rows(args.run_dir)
-    except ValueError as error:
-        raise UsageError(str(error)) from None
-    table = scaling_table(rows)
+    runs = {}
+    for run_dir in args.run_dirs:
+        require_campaign(run_dir)
+        try:
+            runs[run_dir] = scaling_rows(run_dir)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    several = len(runs) > 1
+    table = "".join((f"{run_dir}:\n\n" if several else "") + scaling_table(rows) + ("\n" if several else "")
+                    for run_dir, rows in runs.items())
     print(table, end="")
     if args.markdown:
         Path(args.markdown).write_text(table)
     if args.png:
-        plot_scaling(rows, args.png, title=f"campaign {args.run_dir}")
+        plot_scaling({Path(run_dir).name: rows for run_dir, rows in runs.items()}, args.png,
+                     title="campaign " + ", ".join(args.run_dirs))
         print(f"curve: {args.png}")
     return 0
 

@@ -1,10 +1,11 @@
 """A campaign's scaling curve: held-out top-1 by draft depth against tokens trained, from its ``eval.jsonl``, as a
-markdown table and a PNG (``specprim campaign curve RUN_DIR``)."""
+markdown table and a PNG (``specprim campaign curve RUN_DIR [RUN_DIR ...]``; several runs share one chart)."""
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,20 +43,26 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_scaling(rows: list[dict[str, Any]], path: str | os.PathLike[str], title: str = "") -> Path:
-    """A PNG of held-out top-1 by depth (one line per depth) against tokens trained."""
+def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLike[str], title: str = "") -> Path:
+    """A PNG of held-out top-1 by depth against tokens trained: one colour per run (``runs``: label -> its rows),
+    one line style per depth, so several campaigns (other data, a larger head) compare on one chart."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5.5, 3.8))
-    tokens = [row["trained_tokens"] for row in rows]
-    for k in range(max(len(row["acc"]) for row in rows)):
-        points = [(t, row["acc"][k]) for t, row in zip(tokens, rows, strict=True) if k < len(row["acc"])]
-        ax.plot([t for t, _ in points], [a for _, a in points], marker="o", label=f"depth {k + 1}")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    styles = ("-", "--", ":", "-.")
+    for r, (label, rows) in enumerate(runs.items()):
+        colour = f"C{r % 10}"
+        tokens = [row["trained_tokens"] for row in rows]
+        for k in range(max(len(row["acc"]) for row in rows)):
+            points = [(t, row["acc"][k]) for t, row in zip(tokens, rows, strict=True) if k < len(row["acc"])]
+            ax.plot([t for t, _ in points], [a for _, a in points], marker="o", markersize=3, color=colour,
+                    linestyle=styles[k % len(styles)], label=f"{label}, depth {k + 1}" if len(runs) > 1
+                    else f"depth {k + 1}")
     ax.set_xscale("symlog", linthresh=1e5)
     ax.set_xlabel("tokens trained")
     ax.set_ylabel("held-out top-1 agreement with the target")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     ax.set_title(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -1,0 +1,66 @@
+"""tau (tokens per target forward, the bonus token included) of EAGLE-3 heads for SmolLM2-135M-Instruct at several
+tree sizes, greedy and at temperature 1, on the first turns of a benchmark dataset (bf16 target, eager). Only
+acceptance is measured, so it may run beside other jobs:
+
+    python benchmarks/results/campaign-2026-12-06/tau.py HEAD [HEAD ...] [--dataset mt-bench] [--num-prompts 30]
+        [--max-new-tokens 64] [--threads 1] [--json OUT]
+
+HEAD: a head directory or a shipped head's name. Trees (verified nodes beside the root): greedy chain:1 (1),
+dynamic:depth=3,top_k=3,budget=3 (3), dynamic:depth=5,top_k=4,budget=8 (8), dynamic:depth=6,top_k=8,budget=32 (32);
+temperature 1: sampled:2,1,1,1 (8), sampled:4,2,1,1 (28).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from specprim import presets
+from specprim.bench import conversation_ids, load_dataset
+from specprim.models import load, load_head
+from specprim.trees import parse_tree
+
+SHAPES = [  # (temperature, nodes, tree)
+    (0.0, 1, "chain:1"), (0.0, 3, "dynamic:depth=3,top_k=3,budget=3"), (0.0, 8, "dynamic:depth=5,top_k=4,budget=8"),
+    (0.0, 32, "dynamic:depth=6,top_k=8,budget=32"), (1.0, 8, "sampled:2,1,1,1"), (1.0, 28, "sampled:4,2,1,1"),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("heads", nargs="+")
+    parser.add_argument("--dataset", default="mt-bench")
+    parser.add_argument("--num-prompts", type=int, default=30)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    target, tokenizer = load("smollm2-135m-instruct", dtype=torch.bfloat16)
+    prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
+    rows = []
+    for name in args.heads:
+        head = load_head(name, target)
+        for temperature, nodes, spec in SHAPES:
+            method = presets.eagle3(head, parse_tree(spec))
+            options = {"max_new_tokens": args.max_new_tokens, "eos_token_id": tokenizer.eos_token_id}
+            if temperature > 0:
+                options["temperature"] = temperature
+            accepted = steps = 0
+            for i, ids in enumerate(prompts):
+                out = method.generate(target, ids, generator=torch.Generator().manual_seed(i), **options)
+                accepted, steps = accepted + sum(out.stats.accepted), steps + out.stats.steps
+            row = {"head": name, "temperature": temperature, "nodes": nodes, "tree": spec,
+                   "tau": (accepted + steps) / steps, "steps": steps}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"dataset": args.dataset, "num_prompts": args.num_prompts,
+                       "max_new_tokens": args.max_new_tokens, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
