@@ -29,7 +29,7 @@ TRAIN_KINDS: tuple[str, ...] = ("eagle3", "eagle", "medusa", "mtp", "distill", "
 UNROLLED_TRAIN_KINDS: tuple[str, ...] = ("eagle3", "eagle", "mtp", "parallel")
 """The kinds that train unrolled draft depths (``--align``, ``--hass-topk``): the registry's ``unrolled`` ones."""
 LAYERED_TRAIN_KINDS: tuple[str, ...] = ("eagle3", "eagle")
-"""The kinds whose heads have a chosen number of decoder layers (``--head-layers``): the registry's with ``grow``."""
+"""The kinds whose heads have a chosen number of decoder layers (``--head-layers``): the registry's with ``resize``."""
 
 TREE_SPEC_HELP = ("chain:K | dynamic:depth=D,top_k=K,budget=N | static:W1,W2,... (branching widths by depth, top-k) | "
                   "sampled:W1,W2,... (the same, siblings drawn without replacement at temperature > 0)")

@@ -208,6 +208,29 @@ def test_a_grown_head_drafts_as_the_head_it_grew_from_and_its_new_layers_train(v
         grown.grown(target, 2)
 
 
+def test_a_widened_head_keeps_its_logits_on_its_own_ids_and_adds_the_most_frequent():
+    target = tiny_causal_lm("llama")
+    head = make_head(target, 3, 24)
+    with torch.no_grad():  # a trained-looking LM head, no longer the target's rows
+        noise = torch.randn(head.lm_head.weight.shape, generator=torch.Generator().manual_seed(3))
+        head.lm_head.weight.add_(0.1 * noise)
+    counts = torch.zeros(VOCAB, dtype=torch.long)
+    counts[[70, 71, 5]] = torch.tensor([9, 8, 7])  # 5 is already a draft id
+    wide = head.widened(target, 26, counts)
+    assert wide.config.draft_vocab_size == 26 and head.config.draft_vocab_size == 24
+    assert set(wide.d2t.tolist()) == set(head.d2t.tolist()) | {70, 71}
+    features = features_of(target, head, PROMPT)
+    old, new = sequential_logits(head, PROMPT, features, [11]), sequential_logits(wide, PROMPT, features, [11])
+    torch.testing.assert_close(new[:, head.d2t], old[:, head.d2t], atol=1e-6, rtol=0)  # (1, 24) unchanged
+    assert torch.isfinite(new[:, [70, 71]]).all() and torch.isinf(old[:, [70, 71]]).all()
+    rows = target.get_output_embeddings().weight
+    torch.testing.assert_close(wide.lm_head.weight[wide.d2t == 70][0], rows[70])  # an added id starts as the target's
+    with pytest.raises(ValueError, match="24 ids cannot be widened to 20"):
+        head.widened(target, 20, counts)
+    with pytest.raises(ValueError, match="only EAGLE-3 heads"):
+        make_head(target, 1).widened(target, VOCAB, counts)
+
+
 @pytest.mark.parametrize("version,vocab", HEADS, ids=HEAD_IDS)
 def test_incremental_commits_equal_recomputation(version, vocab):
     """begin() after several steps (with scratch nodes in between) equals running every pair from scratch."""

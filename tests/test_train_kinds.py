@@ -46,7 +46,7 @@ def test_the_registry_names_the_command_lines_kinds_in_order():
     assert tuple(REGISTRY) == TRAIN_KINDS
     assert all(isinstance(kind, TrainKind) for kind in REGISTRY.values())
     assert UNROLLED_TRAIN_KINDS == tuple(name for name, kind in REGISTRY.items() if kind.unrolled)
-    assert LAYERED_TRAIN_KINDS == tuple(name for name, kind in REGISTRY.items() if kind.grow is not None)
+    assert LAYERED_TRAIN_KINDS == tuple(name for name, kind in REGISTRY.items() if kind.resize is not None)
 
 
 EXPECTED = {"eagle3": (EagleObjective, EagleHead), "eagle": (EagleObjective, EagleHead),
@@ -90,16 +90,22 @@ def test_the_registry_refuses_what_a_kind_cannot_do(target, dataset, tmp_path):
         build_objective("eagle3", target, dataset, head_layers=0)
 
 
-def test_head_layers_sizes_a_fresh_eagle_head_and_grows_a_saved_one(target, dataset, tmp_path):
+def test_head_layers_and_draft_vocab_size_resize_a_saved_eagle_head(target, dataset, tmp_path):
     fresh = build_objective("eagle3", target, dataset, head_layers=2)
     assert fresh.module.config.num_layers == 2
-    build_objective("eagle3", target, dataset).save_pretrained(tmp_path / "one")
+    build_objective("eagle3", target, dataset, draft_vocab_size=40).save_pretrained(tmp_path / "one")
     assert build_objective("eagle3", target, dataset, init_from=tmp_path / "one").module.config.num_layers == 1
     grown = build_objective("eagle3", target, dataset, init_from=tmp_path / "one", head_layers=3).module
     saved = load_head(tmp_path / "one", target)
     assert grown.config.num_layers == 3
     torch.testing.assert_close(grown.layers[0].state_dict(), saved.layers[0].state_dict())
     assert not grown.layers[2].mlp.down_proj.weight.detach().any()  # an added layer starts as the identity
+    wide = build_objective("eagle3", target, dataset, init_from=tmp_path / "one", head_layers=2,
+                           draft_vocab_size=saved.config.draft_vocab_size + 8).module
+    assert wide.config.num_layers == 2 and wide.config.draft_vocab_size == saved.config.draft_vocab_size + 8
+    assert set(saved.d2t.tolist()) < set(wide.d2t.tolist())
+    with pytest.raises(ValueError, match="cannot be widened"):
+        build_objective("eagle3", target, dataset, init_from=tmp_path / "one", draft_vocab_size=4)
     fresh.save_pretrained(tmp_path / "two")
     with pytest.raises(ValueError, match="2 decoder layers cannot be grown to 1"):
         build_objective("eagle3", target, dataset, init_from=tmp_path / "two", head_layers=1)

@@ -232,6 +232,32 @@ class EagleHead(nn.Module):
             raise ValueError(f"cannot grow this head: its weights do not fit ({unexpected or missing})")
         return head
 
+    def widened(self, target: PreTrainedModel, draft_vocab_size: int,
+                token_counts: torch.Tensor | None = None) -> EagleHead:
+        """A copy of this EAGLE-3 head drafting over ``draft_vocab_size`` target ids: its own ids plus the most
+        frequent others by ``token_counts`` (V,) (see :func:`~specprim.drafters._vocab.draft_vocab`).
+
+        Every kept id keeps its trained row of the head's LM head; an added id's row starts as the target LM head's
+        row, as in a fresh head, so the widened head's logits over its old ids are this head's. ``ValueError`` for
+        EAGLE-1 heads (they draft with the target's LM head) and for a size below the head's own.
+        """
+        have = self.config.draft_vocab_size
+        if self.config.version != 3:
+            raise ValueError("only EAGLE-3 heads have a draft vocabulary of their own to widen")
+        if draft_vocab_size < have:
+            raise ValueError(f"a draft vocabulary of {have} ids cannot be widened to {draft_vocab_size}")
+        d2t = draft_vocab(self.config.vocab_size, draft_vocab_size, token_counts, self.d2t.tolist())  # (V_d',)
+        head = type(self)(dataclasses.replace(self.config, draft_vocab_size=draft_vocab_size), target)
+        state = {k: v for k, v in self.state_dict().items() if k not in ("d2t", "lm_head.weight")}
+        head.load_state_dict(state, strict=False)
+        with torch.no_grad():
+            head.d2t.copy_(d2t)
+            rows = self._target.lm_head.weight[d2t.to(self._target.lm_head.weight.device)].clone()  # (V_d', d)
+            kept = torch.searchsorted(d2t, self.d2t)  # (V_d,) where each old id sits in the new vocabulary
+            rows[kept] = self.lm_head.weight.to(rows.dtype)
+            head.lm_head.weight.copy_(rows)
+        return head
+
     @classmethod
     def from_config(cls, config: dict[str, Any], target: PreTrainedModel) -> EagleHead:
         """A head with placeholder weights for a saved ``config`` (used by :meth:`from_pretrained`)."""

@@ -58,8 +58,9 @@ class TrainKind:
             head, ``init_from`` is refused).
         own_layers: the ``output_hidden_states`` indices the kind reads besides the last one, from ``L``.
         unrolled: the kind trains unrolled draft depths (``align`` applies).
-        grow: a saved head of the kind with decoder layers added up to a count (``head_layers`` with
-            ``init_from``); ``None``: the kind's heads have no decoder-layer count to choose.
+        resize: a saved head (``init_from``) made as large as the inputs ask: decoder layers added up to
+            ``head_layers``, its draft vocabulary widened to ``draft_vocab_size``; ``None``: the kind's heads have
+            neither to choose (``head_layers`` is refused, ``draft_vocab_size`` is the saved head's).
     """
 
     fresh: Callable[[KindInputs], nn.Module]
@@ -67,7 +68,7 @@ class TrainKind:
     is_saved_kind: Callable[[nn.Module], bool] | None = None
     own_layers: Callable[[int], tuple[int, ...]] = lambda num_layers: ()
     unrolled: bool = False
-    grow: Callable[[nn.Module, Any, int], nn.Module] | None = None
+    resize: Callable[[nn.Module, KindInputs], nn.Module] | None = None
 
 
 def greedy_token_counts(dataset: FeatureDataset, vocab_size: int) -> torch.Tensor:
@@ -93,8 +94,15 @@ def _fresh_eagle(version: int) -> Callable[[KindInputs], nn.Module]:
     return build
 
 
-def _grow_eagle(head: nn.Module, target: Any, num_layers: int) -> nn.Module:
-    return head.grown(target, num_layers, generator=torch.Generator().manual_seed(0))
+def _resize_eagle(head: nn.Module, inputs: KindInputs) -> nn.Module:
+    """``head`` grown to ``head_layers`` decoder layers and (EAGLE-3) widened to ``draft_vocab_size`` ids, the
+    added ids the most frequent greedy tokens of the dataset; either left as it is when not asked for."""
+    if inputs.head_layers is not None and inputs.head_layers != head.config.num_layers:
+        head = head.grown(inputs.target, inputs.head_layers, generator=torch.Generator().manual_seed(0))
+    if inputs.draft_vocab_size is not None and inputs.draft_vocab_size != head.config.draft_vocab_size:
+        counts = greedy_token_counts(inputs.dataset, head.config.vocab_size)
+        head = head.widened(inputs.target, inputs.draft_vocab_size, counts)
+    return head
 
 
 def _eagle_objective(head: nn.Module, inputs: KindInputs) -> Objective:
@@ -161,9 +169,9 @@ def _parallel_objective(head: nn.Module, inputs: KindInputs) -> Objective:
 REGISTRY: dict[str, TrainKind] = {
     "eagle3": TrainKind(fresh=_fresh_eagle(3), objective=_eagle_objective, is_saved_kind=_is_eagle(3),
                         own_layers=lambda num_layers: default_feature_layers(3, num_layers), unrolled=True,
-                        grow=_grow_eagle),
+                        resize=_resize_eagle),
     "eagle": TrainKind(fresh=_fresh_eagle(1), objective=_eagle_objective, is_saved_kind=_is_eagle(1), unrolled=True,
-                       grow=_grow_eagle),
+                       resize=_resize_eagle),
     "medusa": TrainKind(fresh=_fresh_medusa, objective=_medusa_objective,
                         is_saved_kind=lambda head: isinstance(head, MedusaHeads)),
     "mtp": TrainKind(fresh=lambda inputs: MTPHead.from_target(inputs.target), objective=_mtp_objective,

@@ -107,14 +107,16 @@ def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: A
                     hass_weight: float = 1.0, head_layers: int | None = None) -> Objective:
     """A draft module of ``kind`` for ``target`` wrapped in its objective (both built by the kind's entry in
     :data:`specprim.train._kinds.REGISTRY`): freshly initialised, or the saved head ``init_from`` (its own config
-    and draft vocabulary; ``draft_vocab_size`` / ``num_heads`` are then ignored). ``align`` (with ``align_topk``)
+    and draft vocabulary; ``num_heads`` is then ignored, and ``draft_vocab_size`` above the saved head's widens
+    an EAGLE-3 head's draft vocabulary with the dataset's most frequent greedy tokens, see
+    :meth:`specprim.drafters.EagleHead.widened`). ``align`` (with ``align_topk``)
     and ``hass_topk`` / ``hass_weight``: token-alignable training and HASS's top-K distillation of the unrolled
     heads (see :class:`specprim.train._unrolled.Unrolling`); ``ValueError`` for other kinds. ``head_layers``: decoder
     layers of a fresh EAGLE head, or of a saved one grown to that many (its added layers start as the identity,
     see :meth:`specprim.drafters.EagleHead.grown`); default: 1 fresh, the saved head's own count."""
     entry = train_kind(kind)
-    if head_layers is not None and (entry.grow is None or head_layers < 1):
-        layered = ", ".join(name for name, other in REGISTRY.items() if other.grow is not None)
+    if head_layers is not None and (entry.resize is None or head_layers < 1):
+        layered = ", ".join(name for name, other in REGISTRY.items() if other.resize is not None)
         raise ValueError(f"head_layers sets the decoder layers of {layered} heads (>= 1); got {head_layers} for "
                          f"{kind!r}")
     if (align or hass_topk) and not entry.unrolled:
@@ -127,8 +129,8 @@ def build_objective(kind: str, target: Any, dataset: FeatureDataset, *, draft: A
     inputs = KindInputs(target=target, dataset=dataset, draft=draft, draft_vocab_size=draft_vocab_size,
                         num_heads=num_heads, steps=steps, loss_on=loss_on, align=align, head_layers=head_layers)
     module = entry.fresh(inputs) if init_from is None else _saved_module(kind, target, init_from)
-    if init_from is not None and head_layers is not None and entry.grow is not None:
-        module = entry.grow(module, target, head_layers)
+    if init_from is not None and entry.resize is not None:
+        module = entry.resize(module, inputs)
     objective = entry.objective(module, inputs)
     if align_topk != 1 or hass_topk:  # every unrolled objective holds its Unrolling as ``unrolling``
         objective.unrolling = dataclasses.replace(objective.unrolling, align_topk=align_topk, hass_topk=hass_topk,
