@@ -237,9 +237,11 @@ class EagleHead(nn.Module):
         """A copy of this EAGLE-3 head drafting over ``draft_vocab_size`` target ids: its own ids plus the most
         frequent others by ``token_counts`` (V,) (see :func:`~specprim.drafters._vocab.draft_vocab`).
 
-        Every kept id keeps its trained row of the head's LM head; an added id's row starts as the target LM head's
-        row, as in a fresh head, so the widened head's logits over its old ids are this head's. ``ValueError`` for
-        EAGLE-1 heads (they draft with the target's LM head) and for a size below the head's own.
+        Every kept id keeps its trained row of the head's LM head, so the logits over the old ids are this head's;
+        an added id's row starts at zero (logit 0), so the greedy draft stays this head's wherever its best logit is
+        positive. (Rows copied from the target's LM head, as a fresh head starts, lowered a trained SmolLM2 head's
+        held-out top-1 from 0.472 to 0.383 before any step: added ids won drafts the old ones had right.) ``ValueError`` for EAGLE-1 heads (they draft with the target's LM head) and for a size below
+        the head's own.
         """
         have = self.config.draft_vocab_size
         if self.config.version != 3:
@@ -252,10 +254,9 @@ class EagleHead(nn.Module):
         head.load_state_dict(state, strict=False)
         with torch.no_grad():
             head.d2t.copy_(d2t)
-            rows = self._target.lm_head.weight[d2t.to(self._target.lm_head.weight.device)].clone()  # (V_d', d)
             kept = torch.searchsorted(d2t, self.d2t)  # (V_d,) where each old id sits in the new vocabulary
-            rows[kept] = self.lm_head.weight.to(rows.dtype)
-            head.lm_head.weight.copy_(rows)
+            head.lm_head.weight.zero_()  # (V_d', d)
+            head.lm_head.weight[kept] = self.lm_head.weight.to(head.lm_head.weight.dtype)
         return head
 
     @classmethod
