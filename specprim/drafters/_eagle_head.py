@@ -240,8 +240,8 @@ class EagleHead(nn.Module):
         Every kept id keeps its trained row of the head's LM head, so the logits over the old ids are this head's;
         an added id's row starts at zero (logit 0), so the greedy draft stays this head's wherever its best logit is
         positive. (Rows copied from the target's LM head, as a fresh head starts, lowered a trained SmolLM2 head's
-        held-out top-1 from 0.472 to 0.383 before any step: added ids won drafts the old ones had right.) ``ValueError`` for EAGLE-1 heads (they draft with the target's LM head) and for a size below
-        the head's own.
+        held-out top-1 from 0.472 to 0.383 before any step: added ids won drafts the old ones had right.)
+        ``ValueError`` for EAGLE-1 heads (they draft with the target's LM head) and for a size below the head's own.
         """
         have = self.config.draft_vocab_size
         if self.config.version != 3:

@@ -37,8 +37,9 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--features-only", action="store_true", help="stop after building the feature cache")
     parser.add_argument("--features", help="a feature cache directory to use or create (shared between runs)")
     parser.add_argument("--draft", help="the draft LM to distil (kind 'distill')")
-    parser.add_argument("--draft-vocab-size", type=int, help="EAGLE: reduced draft vocabulary size (with --init-from: widen the saved EAGLE-3 head's to this "
-                             "many, adding the data's most frequent greedy tokens)")
+    parser.add_argument("--draft-vocab-size", type=int,
+                        help="EAGLE: reduced draft vocabulary size (with --init-from: widen the saved EAGLE-3 head's "
+                             "to this many, adding the data's most frequent greedy tokens)")
     parser.add_argument("--init-from", help="continue training this saved head (a directory or a shipped name)")
     parser.add_argument("--num-heads", type=int, default=4, help="Medusa heads")
     parser.add_argument("--steps", type=int, help="unrolled depths (EAGLE-3 training-time test, MTP); kind "
