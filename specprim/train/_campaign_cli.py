@@ -237,7 +237,7 @@ def curve_command(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(table)
     if args.png:
         plot_scaling({Path(run_dir).name: rows for run_dir, rows in runs.items()}, args.png,
-                     title="campaign " + ", ".join(args.run_dirs))
+                     title="campaign " + ", ".join(Path(run_dir).name for run_dir in args.run_dirs))
         print(f"curve: {args.png}")
     return 0
 

@@ -47,7 +47,8 @@ def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLi
     """A PNG of held-out top-1 by depth against tokens trained: one colour per run (``runs``: label -> its rows),
     one line style per depth, so several campaigns (other data, a larger head) compare on one chart."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    several = len(runs) > 1
+    fig, ax = plt.subplots(figsize=(9.0 if several else 5.5, 4.2))
     styles = ("-", "--", ":", "-.")
     for r, (label, rows) in enumerate(runs.items()):
         colour = f"C{r % 10}"
@@ -55,14 +56,19 @@ def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLi
         for k in range(max(len(row["acc"]) for row in rows)):
             points = [(t, row["acc"][k]) for t, row in zip(tokens, rows, strict=True) if k < len(row["acc"])]
             ax.plot([t for t, _ in points], [a for _, a in points], marker="o", markersize=3, color=colour,
-                    linestyle=styles[k % len(styles)], label=f"{label}, depth {k + 1}" if len(runs) > 1
+                    linestyle=styles[k % len(styles)], label=f"{label}, depth {k + 1}" if several
                     else f"depth {k + 1}")
     ax.set_xscale("symlog", linthresh=1e5)
     ax.set_xlabel("tokens trained")
     ax.set_ylabel("held-out top-1 agreement with the target")
-    ax.set_ylim(0, 1)
+    if several:  # runs that differ by a point or two: the axis spans their values, not [0, 1]
+        values = [a for rows in runs.values() for row in rows for a in row["acc"]]
+        ax.set_ylim(max(0.0, min(values) - 0.02), min(1.0, max(values) + 0.02))
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    else:
+        ax.set_ylim(0, 1)
+        ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
     ax.set_title(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
