@@ -31,6 +31,10 @@ UNROLLED_TRAIN_KINDS: tuple[str, ...] = ("eagle3", "eagle", "mtp", "parallel")
 LAYERED_TRAIN_KINDS: tuple[str, ...] = ("eagle3", "eagle")
 """The kinds whose heads have a chosen number of decoder layers (``--head-layers``): the registry's with ``resize``."""
 
+TRAIN_DATA_SOURCES: tuple[str, ...] = ("sharegpt", "sharegpt-code")
+"""The built-in training data of ``specprim train`` and ``specprim campaign`` (``--data``; anything else names a JSONL
+file): ShareGPT V3, and those of its conversations with a fenced code block in an answer."""
+
 TREE_SPEC_HELP = ("chain:K | dynamic:depth=D,top_k=K,budget=N | static:W1,W2,... (branching widths by depth, top-k) | "
                   "sampled:W1,W2,... (the same, siblings drawn without replacement at temperature > 0)")
 """The tree specs :func:`specprim.trees.parse_tree` reads."""

@@ -291,3 +291,13 @@ def test_the_command_line_s_names_agree_with_the_modules_that_use_them():
     assert tuple(presets._BY_NAME) == presets.NAMES == _names.METHODS
     assert bench.method_names() == _names.BENCH_BASELINES + _names.METHODS
     assert set(models.QUANTIZE_SCHEMES) == set(_names.QUANTIZE_SCHEMES)
+
+
+def test_the_built_in_training_data_pass_the_command_line_checks(tmp_path):
+    from specprim import _names, cli
+    from specprim.train import _campaign_cli, _cli
+
+    parser = cli.build_parser()
+    for source in _names.TRAIN_DATA_SOURCES:
+        _cli.check_train(parser.parse_args(["train", "eagle3", "--out", str(tmp_path / "t"), "--data", source]))
+        _campaign_cli.check_run(parser.parse_args(["campaign", "run", str(tmp_path / "c"), "--data", source]))

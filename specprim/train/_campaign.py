@@ -71,7 +71,8 @@ class CampaignData:
     """The data plan: which conversations, how the target answers them, how they are cut into shards.
 
     Attributes:
-        source: ``"sharegpt"`` (ShareGPT V3) or a JSONL file of conversations.
+        source: ``"sharegpt"`` (ShareGPT V3), ``"sharegpt-code"`` (its conversations with a fenced code block in an
+            answer) or a JSONL file of conversations.
         answers: ``"target"``: the target answers every training conversation itself (self-distillation);
             ``"source"``: the source's own assistant turns are kept (no generation; only the labels, the target's
             next-token probabilities, come from the target). The held-out shard is the target's greedy answers
@@ -115,7 +116,7 @@ class CampaignData:
         object.__setattr__(self, "shard_sizes", tuple(self.shard_sizes))
         object.__setattr__(self, "temperatures", tuple(float(t) for t in self.temperatures))
         if not self.source:
-            raise ValueError("data source must be 'sharegpt' or a JSONL file")
+            raise ValueError("data source must be 'sharegpt', 'sharegpt-code' or a JSONL file")
         if self.answers not in ("target", "source"):
             raise ValueError(f"answers must be 'target' or 'source', got {self.answers!r}")
         if self.answers == "source" and self.passes > 1:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specprim import models
+from specprim._names import TRAIN_DATA_SOURCES
 from specprim._usage import UsageError, as_usage_error, at_least, check_file
 from specprim.models import check_model
 
@@ -76,7 +77,8 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     run.add_argument("--distill-dtype", choices=("float32", "bfloat16"))
     run.add_argument("--feature-dtype", choices=("float32", "bfloat16"))
     data = run.add_argument_group("data plan")
-    data.add_argument("--data", help="'sharegpt' (default) or a JSONL file of conversations")
+    data.add_argument("--data", help="'sharegpt' (default), 'sharegpt-code' (its conversations with a fenced code "
+                                     "block in an answer) or a JSONL file of conversations")
     data.add_argument("--answers", choices=("target", "source"),
                       help="who writes the training answers: the target itself (default, self-distillation) or the "
                            "source's own assistant turns (labels still the target's); held out: the target's either "
@@ -166,7 +168,7 @@ def check_run(args: argparse.Namespace) -> None:
         raise UsageError(f"--threads must be a number >= 1 or 'auto', got {args.threads!r}")
     at_least("--max-seconds", args.max_seconds, 0)
     at_least("--max-items", args.max_items, 0)
-    if args.data not in (None, "sharegpt"):
+    if args.data is not None and args.data not in TRAIN_DATA_SOURCES:
         check_file("--data", args.data)
     check_model("--target", args.target)
     if args.init_from is not None:

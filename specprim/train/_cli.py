@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from specprim import models
-from specprim._names import LAYERED_TRAIN_KINDS, TRAIN_KINDS, UNROLLED_TRAIN_KINDS
+from specprim._names import LAYERED_TRAIN_KINDS, TRAIN_DATA_SOURCES, TRAIN_KINDS, UNROLLED_TRAIN_KINDS
 from specprim._usage import UsageError, as_usage_error, at_least, check_file
 from specprim.models import check_model
 
@@ -23,7 +23,9 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("kind", choices=TRAIN_KINDS)
     parser.add_argument("--target", default="smollm2-135m-instruct", help="a known name, a local path or a hub id")
     parser.add_argument("--out", required=True, help="output directory (data, features, checkpoints, head)")
-    parser.add_argument("--data", default="sharegpt", help="'sharegpt' or a JSONL file of conversations")
+    parser.add_argument("--data", default="sharegpt",
+                        help="'sharegpt', 'sharegpt-code' (its conversations with a fenced code block in an answer) or "
+                             "a JSONL file of conversations")
     parser.add_argument("--num-conversations", type=int, default=2000)
     parser.add_argument("--max-length", type=int, default=1024)
     parser.add_argument("--holdout", type=int, default=32, help="conversations held out for evaluation")
@@ -104,7 +106,7 @@ def check_train(args: argparse.Namespace) -> None:
                           ("draft_vocab_size", 1), ("num_heads", 1), ("steps", 1), ("batch_tokens", 1),
                           ("align_topk", 1), ("hass_topk", 0), ("head_layers", 1), ("threads", 1)):
         at_least(f"--{option.replace('_', '-')}", getattr(args, option), least)
-    if args.data != "sharegpt":
+    if args.data not in TRAIN_DATA_SOURCES:
         check_file("--data", args.data)
     check_model("--target", args.target)
     check_model("--draft", args.draft)

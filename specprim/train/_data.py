@@ -15,11 +15,13 @@ from typing import Any
 
 import torch
 
+from specprim._names import TRAIN_DATA_SOURCES
 from specprim.models import SHAREGPT_REQUIREMENT, Conversation, read_jsonl_conversations, sharegpt_conversations
 
 __all__ = [
     "SHAREGPT_REQUIREMENT",
     "Example",
+    "has_code_answer",
     "load_conversations",
     "read_jsonl_conversations",
     "render",
@@ -40,12 +42,27 @@ class Example:
     assistant_mask: torch.Tensor
 
 
+_CODE_FENCE = "```"
+
+
+def has_code_answer(conversation: Conversation) -> bool:
+    """Whether an assistant turn of ``conversation`` holds a fenced code block (three backticks)."""
+    return any(m["role"] == "assistant" and _CODE_FENCE in m["content"] for m in conversation)
+
+
 def load_conversations(source: str, num: int | None = None) -> list[Conversation]:
-    """``"sharegpt"`` (the built-in ShareGPT V3) or the path of a JSONL file of conversations."""
+    """The first ``num`` (default: all) conversations of ``source``: ``"sharegpt"`` (the built-in ShareGPT V3),
+    ``"sharegpt-code"`` (those of its conversations with a fenced code block in an answer, ~3.2k of 11.1k) or the
+    path of a JSONL file of conversations."""
     if source == "sharegpt":
         return sharegpt_conversations(num)
+    if source == "sharegpt-code":
+        if num is not None and num < 1:
+            raise ValueError(f"num must be >= 1, got {num}")
+        return [c for c in sharegpt_conversations() if has_code_answer(c)][:num]
     if not os.path.isfile(source):
-        raise ValueError(f"training data {source!r} is neither 'sharegpt' nor an existing JSONL file")
+        raise ValueError(f"training data {source!r} is neither one of {', '.join(TRAIN_DATA_SOURCES)} nor an existing "
+                         "JSONL file")
     return read_jsonl_conversations(source, num)
 
 

@@ -28,6 +28,8 @@ _unrolled.soft_cross_entropy = with_topk
 torch.set_num_threads(1)
 trial = Path.home() / ".cache/specprim/align-trial"
 target, tokenizer = models.load("smollm2-135m-instruct", dtype=torch.float32)
-train_drafter("eagle3", target, tokenizer, trial / name, features_dir=trial / "view", init_from="smollm2-135m-instruct-eagle3",
-              loss_on="assistant", batch_tokens=4096, data=DataConfig(holdout=64, max_length=1024),
-              config=TrainConfig(max_steps=40, lr=1e-4, warmup_steps=10, checkpoint_every=1000, log_every=10, seed=seed))
+train_drafter("eagle3", target, tokenizer, trial / name, features_dir=trial / "view",
+              init_from="smollm2-135m-instruct-eagle3", loss_on="assistant", batch_tokens=4096,
+              data=DataConfig(holdout=64, max_length=1024),
+              config=TrainConfig(max_steps=40, lr=1e-4, warmup_steps=10, checkpoint_every=1000, log_every=10,
+                                 seed=seed))
