@@ -1,9 +1,9 @@
-"""tau (tokens per target forward, the bonus token included) of EAGLE-3 heads for SmolLM2-135M-Instruct at several
-tree sizes, greedy and at temperature 1, on the first turns of a benchmark dataset (bf16 target, eager). Only
-acceptance is measured, so it may run beside other jobs:
+"""tau (tokens per target forward, the bonus token included) of EAGLE-3 heads for a target (default
+SmolLM2-135M-Instruct) at several tree sizes, greedy and at temperature 1, on the first turns of a benchmark dataset
+(bf16 target, eager). Only acceptance is measured, so it may run beside other jobs:
 
-    python benchmarks/results/campaign-2026-12-06/tau.py HEAD [HEAD ...] [--dataset mt-bench] [--num-prompts 30]
-        [--max-new-tokens 64] [--threads 1] [--json OUT]
+    python benchmarks/results/campaign-2026-12-06/tau.py HEAD [HEAD ...] [--target smollm2-135m-instruct]
+        [--dataset mt-bench] [--num-prompts 30] [--max-new-tokens 64] [--threads 1] [--json OUT]
 
 HEAD: a head directory or a shipped head's name. Trees (verified nodes beside the root): greedy chain:1 (1),
 dynamic:depth=3,top_k=3,budget=3 (3), dynamic:depth=5,top_k=4,budget=8 (8), dynamic:depth=6,top_k=8,budget=32 (32);
@@ -31,6 +31,7 @@ SHAPES = [  # (temperature, nodes, tree)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("heads", nargs="+")
+    parser.add_argument("--target", default="smollm2-135m-instruct")
     parser.add_argument("--dataset", default="mt-bench")
     parser.add_argument("--num-prompts", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -38,7 +39,7 @@ def main() -> None:
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    target, tokenizer = load("smollm2-135m-instruct", dtype=torch.bfloat16)
+    target, tokenizer = load(args.target, dtype=torch.bfloat16)
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
     rows = []
     for name in args.heads:
@@ -58,7 +59,7 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"dataset": args.dataset, "num_prompts": args.num_prompts,
+            json.dump({"target": args.target, "dataset": args.dataset, "num_prompts": args.num_prompts,
                        "max_new_tokens": args.max_new_tokens, "rows": rows}, f, indent=1)
 
 
