@@ -376,6 +376,42 @@ def test_resumed_training_equals_the_uninterrupted_run(tmp_path, monkeypatch):
         torch.testing.assert_close(parts[name], whole[name], atol=0, rtol=0)
 
 
+def test_a_restored_checkpoint_s_draft_vocabulary_maps_the_labels(tmp_path):
+    # Resuming builds the head anew before the checkpoint is loaded; its draft vocabulary, counted on the data of the
+    # time (a campaign's grows), may differ from the checkpoint's. The labels must map through the restored one.
+    target = tiny_causal_lm("llama")
+    dataset = _cache(tmp_path, target)
+    vocab = target.config.vocab_size
+
+    def head(seed):
+        counts = torch.randint(0, 1000, (vocab,), generator=torch.Generator().manual_seed(seed))
+        return EagleHead.from_target(target, version=3, draft_vocab_size=vocab // 2, token_counts=counts,
+                                     generator=torch.Generator().manual_seed(0))
+
+    trained, resumed = EagleObjective(head(1)), EagleObjective(head(2))
+    assert not torch.equal(trained.module.d2t, resumed.module.d2t)
+    resumed.load_state_dict(trained.state_dict())  # what restoring the checkpoint does
+    batch = dataset.load(dataset.batches(0)[0])
+    with torch.no_grad():
+        expected, got = trained(batch), resumed(batch)
+    torch.testing.assert_close(got.loss, expected.loss, atol=0, rtol=0)
+    assert got.metrics == expected.metrics
+
+
+def test_the_draft_vocabulary_is_counted_on_the_training_examples_only(tmp_path):
+    from specprim.drafters import count_tokens
+    from specprim.train._kinds import greedy_token_counts
+
+    target = tiny_causal_lm("llama")
+    dataset = _cache(tmp_path, target)  # its last 2 examples held out
+    everything = FeatureDataset(tmp_path / "features", batch_tokens=96, max_length=48)
+    vocab = target.config.vocab_size
+    held_out = [dataset.load([item]).topk_ids[0, :, 0] for batch in dataset.holdout_batches() for item in batch]
+    assert len(held_out) == 2
+    expected = greedy_token_counts(everything, vocab) - count_tokens(held_out, vocab)
+    assert torch.equal(greedy_token_counts(dataset, vocab), expected)
+
+
 def test_train_rejects_a_cache_without_the_heads_layers(tmp_path):
     target = tiny_causal_lm("llama")
     build_feature_cache(target, _examples(3), tmp_path, layers=(2,), progress=False)

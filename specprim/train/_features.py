@@ -267,6 +267,14 @@ class FeatureDataset:
     def num_train_tokens(self) -> int:
         return sum(min(self._length(s, i), self.max_length) for s, i in self._train)
 
+    def train_tokens_per_file(self) -> list[int]:
+        """For each shard file of the manifest, in order, how many of its leading tokens belong to training examples
+        (the held-out examples are the cache's last ones, so they end the last files)."""
+        tokens = [0] * len(self.manifest["shards"])
+        for shard, index in self._train:
+            tokens[shard] += self._length(shard, index)
+        return tokens
+
     def _length(self, shard: int, index: int) -> int:
         return self.manifest["shards"][shard]["lengths"][index]
 

@@ -72,14 +72,17 @@ class TrainKind:
 
 
 def greedy_token_counts(dataset: FeatureDataset, vocab_size: int) -> torch.Tensor:
-    """(V,) how often each id is the target's greedy next token in the cache (what a draft head must predict)."""
+    """(V,) how often each id is the target's greedy next token in the training examples of the cache (what a draft
+    head must predict; the held-out examples are left out)."""
     from safetensors import safe_open
 
     counts = torch.zeros(vocab_size, dtype=torch.long)
-    for shard in dataset.manifest["shards"]:
+    for shard, tokens in zip(dataset.manifest["shards"], dataset.train_tokens_per_file(), strict=True):
+        if not tokens:
+            continue
         check_shard(dataset.directory, shard)  # its size (and hash, when small): a damaged shard raises by name
         with safe_open(str(dataset.directory / shard["file"]), framework="pt") as f:
-            counts += count_tokens([f.get_slice("topk_ids")[:, 0]], vocab_size)
+            counts += count_tokens([f.get_slice("topk_ids")[:tokens, 0]], vocab_size)
     return counts
 
 

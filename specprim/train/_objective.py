@@ -13,10 +13,10 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from specprim.drafters import EagleHead, MTPHead, target_to_draft
+from specprim.drafters import EagleHead, MTPHead
 from specprim.train._features import FeatureBatch, _normalise_layers
 from specprim.train._protocol import LossOn, Objective, ObjectiveOutput, loss_mask, shift
-from specprim.train._unrolled import Unrolling, unroll, unrolled_loss, unrolled_mask
+from specprim.train._unrolled import Unrolling, draft_vocab_maps, unroll, unrolled_loss, unrolled_mask
 
 __all__ = ["EagleObjective", "MTPObjective", "Objective", "ObjectiveOutput", "loss_mask", "unrolled_mask"]
 
@@ -47,14 +47,11 @@ class EagleObjective(nn.Module):
         if self.feature_weight and version != 1:
             raise ValueError("feature regression applies to EAGLE-1 heads (EAGLE-3 predicts fused features)")
         self._last_layer = head.config.target_num_layers  # EAGLE-1's feature: after the final norm
-        full = head.config.draft_vocab_size == head.config.vocab_size
-        self.register_buffer("_t2d", None if full else target_to_draft(head.d2t, head.config.vocab_size),
-                             persistent=False)
 
     def forward(self, batch: FeatureBatch) -> ObjectiveOutput:
         """The loss and metrics of one batch (see :func:`~specprim.train._unrolled.unrolled_loss`)."""
-        d2t = None if self._t2d is None else self.module.d2t
-        return unrolled_loss(self, batch, self.unrolling, d2t=d2t, t2d=self._t2d, extra_loss=self.feature_loss)
+        d2t, t2d = draft_vocab_maps(self.module.d2t, self.module.config.vocab_size)
+        return unrolled_loss(self, batch, self.unrolling, d2t=d2t, t2d=t2d, extra_loss=self.feature_loss)
 
     def unroll(self, batch: FeatureBatch) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """``(state, logits)`` of every unrolled step (see :func:`~specprim.train._unrolled.unroll`)."""

@@ -22,10 +22,10 @@ import os
 import torch
 from torch import nn
 
-from specprim.drafters import ParallelHead, target_to_draft
+from specprim.drafters import ParallelHead
 from specprim.train._features import FeatureBatch, _normalise_layers
 from specprim.train._protocol import LossOn, ObjectiveOutput
-from specprim.train._unrolled import Unrolling, unroll, unrolled_loss
+from specprim.train._unrolled import Unrolling, draft_vocab_maps, unroll, unrolled_loss
 
 __all__ = ["ParallelObjective"]
 
@@ -49,16 +49,13 @@ class ParallelObjective(nn.Module):
         self.module = head
         config = head.eagle.config
         self.layers = _normalise_layers(config.feature_layers, config.target_num_layers)
-        full = config.draft_vocab_size == config.vocab_size
-        self.register_buffer("_t2d", None if full else target_to_draft(head.eagle.d2t, config.vocab_size),
-                             persistent=False)
         if freeze_eagle:
             head.eagle.requires_grad_(False)
 
     def forward(self, batch: FeatureBatch) -> ObjectiveOutput:
         """The loss and metrics of one batch (see :func:`~specprim.train._unrolled.unrolled_loss`)."""
-        d2t = None if self._t2d is None else self.module.eagle.d2t
-        return unrolled_loss(self, batch, self.unrolling, d2t=d2t, t2d=self._t2d)
+        d2t, t2d = draft_vocab_maps(self.module.eagle.d2t, self.module.eagle.config.vocab_size)
+        return unrolled_loss(self, batch, self.unrolling, d2t=d2t, t2d=t2d)
 
     def depth_logits(self, batch: FeatureBatch) -> list[torch.Tensor]:
         """(B, n, V_d) draft logits of depths ``1 .. K`` for the ``n = T - 1`` chains of ``batch``."""

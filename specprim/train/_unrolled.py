@@ -12,6 +12,7 @@ from typing import Protocol
 
 import torch
 
+from specprim.drafters import target_to_draft
 from specprim.masks import additive_mask
 from specprim.train._alignment import draft_topk_hits, topk_distillation_loss
 from specprim.train._features import FeatureBatch
@@ -118,6 +119,15 @@ def unroll(head: UnrolledHead, batch: FeatureBatch, steps: int) -> Iterator[tupl
                              device=state.device)  # (B, 1, n, (k+1) n)
         state, logits = head.step(tokens, state, positions, mask, cache)  # (B, n, d), (B, n, V_d)
         yield state, logits
+
+
+def draft_vocab_maps(d2t: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(d2t, t2d)`` for :func:`unrolled_loss` from a head's draft vocabulary ``d2t`` (V_d,) as it is at this call
+    (a restored checkpoint brings its own, so the maps are never kept across calls); ``(None, None)`` when it is the
+    whole target vocabulary."""
+    if d2t.numel() == vocab_size:
+        return None, None
+    return d2t, target_to_draft(d2t, vocab_size)  # (V_d,), (V,)
 
 
 def unrolled_loss(head: UnrolledHead, batch: FeatureBatch, unrolling: Unrolling, *,
