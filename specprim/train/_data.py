@@ -54,11 +54,11 @@ def load_conversations(source: str, num: int | None = None) -> list[Conversation
     """The first ``num`` (default: all) conversations of ``source``: ``"sharegpt"`` (the built-in ShareGPT V3),
     ``"sharegpt-code"`` (those of its conversations with a fenced code block in an answer, ~3.2k of 11.1k) or the
     path of a JSONL file of conversations."""
+    if num is not None and num < 1:
+        raise ValueError(f"num must be >= 1, got {num}")
     if source == "sharegpt":
         return sharegpt_conversations(num)
     if source == "sharegpt-code":
-        if num is not None and num < 1:
-            raise ValueError(f"num must be >= 1, got {num}")
         return [c for c in sharegpt_conversations() if has_code_answer(c)][:num]
     if not os.path.isfile(source):
         raise ValueError(f"training data {source!r} is neither one of {', '.join(TRAIN_DATA_SOURCES)} nor an existing "
