@@ -3,7 +3,8 @@ checks its options before torch is imported.
 
 Such a package's ``__init__`` (or any module) lists its public names as ``from ... import ...`` statements under
 ``if TYPE_CHECKING:`` (what type checkers and the API docs read) and ends with
-``__getattr__, __dir__ = lazy_imports(__name__)``: the first use of a name imports it from where that block says.
+``__getattr__, __dir__ = lazy_imports(__name__)``: the first use of a name imports it from where that block says, and
+every use reads it from there.
 """
 
 from __future__ import annotations
@@ -33,12 +34,11 @@ def lazy_imports(package: str) -> tuple[Callable[[str], Any], Callable[[], list[
         if name not in where:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         source, attribute = where[name]
-        if source == package:  # a sub-module: from specprim import drafters
-            value = importlib.import_module(f"{package}.{attribute}")
-        else:
-            value = getattr(importlib.import_module(source), attribute)
-        setattr(module, name, value)
-        return value
+        if source == package:  # a sub-module: from specprim import drafters (the import binds it on the package)
+            return importlib.import_module(f"{package}.{attribute}")
+        # Read from its home module at every use, never copied here: a copy would keep whatever that module held at
+        # the first use (a test's monkeypatch of ``specprim.bench._datasets.load_dataset``, say) after it changed.
+        return getattr(importlib.import_module(source), attribute)
 
     def __dir__() -> list[str]:
         return sorted({*vars(module), *where})
