@@ -1,6 +1,7 @@
 """specprim.train._campaign: a tiny campaign end to end, exact resumption after kills and budget stops, status,
 the data order (skipped items, benchmark questions, held-out tail), bad inputs."""
 
+import dataclasses
 import json
 import re
 import shutil
@@ -210,6 +211,29 @@ def test_budget_stops_resume_exactly_and_status_counts_grow(tiny, whole):
     stopped = run_campaign(_campaign(tiny, tiny / "zero"), max_seconds=0, log=_quiet)
     assert stopped.generated_tokens == 0 and stopped.trained_tokens == 0  # no unit of work started
     assert "stopped" in format_status(stopped)
+
+
+def test_compute_dtypes_follow_the_machine_and_may_change_on_resume(tiny, monkeypatch):
+    """``auto`` runs in the machine's native dtype; each shard records the dtype it was made in; other dtypes on
+    resume are saved and apply from then on, without retraining (the other settings are refused, tested below)."""
+    from specprim import models
+
+    monkeypatch.setattr(models, "native_dtype", lambda: "float32")  # e.g. an AVX2-only CPU
+    run = tiny / "dtypes"
+    campaign = dataclasses.replace(_campaign(tiny, run), distill_dtype="auto", feature_dtype="auto")
+    lines = []
+    run_campaign(campaign, max_items=3, log=lines.append)  # the held-out shard, its features, one batch
+    assert json.loads((run / "shards" / "holdout" / "distilled.json").read_text())["dtype"] == "float32"
+    assert json.loads((run / "shards" / "holdout" / "cached.json").read_text())["dtype"] == "float32"
+    moved = dataclasses.replace(campaign, feature_dtype="bfloat16")
+    for _ in range(4):  # unit by unit: the rest of shard 0's answers, then its features in bfloat16
+        run_campaign(moved, max_items=1, log=lines.append)
+    assert "from now on feature_dtype: 'auto' -> 'bfloat16' (the shards made so far keep theirs)" in lines
+    assert json.loads((run / "campaign.json").read_text())["feature_dtype"] == "bfloat16"
+    assert json.loads((run / "shards" / "00000" / "cached.json").read_text())["dtype"] == "bfloat16"
+    assert json.loads((run / "shards" / "holdout" / "cached.json").read_text())["dtype"] == "float32"
+    assert not list(run.glob("retrained-*"))
+    shutil.rmtree(run)
 
 
 def test_order_skips_the_first_items_benchmark_questions_and_long_prompts(monkeypatch):

@@ -4,6 +4,7 @@ and bfloat16 weights pre-packed for oneDNN on CPU (:func:`pack_weights`). ``spec
 from specprim.linears._pack import (
     PackedLinear,
     is_packed,
+    native_dtype,
     pack_like,
     pack_weights,
     packing_supported,

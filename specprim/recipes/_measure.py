@@ -59,10 +59,9 @@ class Measured:
 
 
 def default_dtype() -> str:
-    """``bfloat16`` where this machine computes it natively (a CUDA GPU, or a CPU with AVX512-BF16 or AMX), as the
-    shipped recipes run; else ``float32``."""
-    bf16_cpu = getattr(torch.cpu, "_is_avx512_bf16_supported", lambda: False)()
-    return "bfloat16" if torch.cuda.is_available() or bf16_cpu else "float32"
+    """``bfloat16`` where this machine computes it natively, as the shipped recipes run; else ``float32``
+    (:func:`specprim.models.native_dtype`)."""
+    return models.native_dtype()
 
 
 def machine_key() -> dict[str, Any]:

@@ -60,7 +60,8 @@ __all__ = [
 
 DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
-_DTYPES = ("float32", "bfloat16")
+_DTYPES = ("auto", "float32", "bfloat16")
+_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype")  # how the target computes, not what: may change on resume
 _GENERATED_PER_CACHED = {"target": 0.7, "source": 0.0}  # generated tokens per cached token before any is known
 _RECENT = 20  # units of work the rates of `campaign status` are measured over
 _SHINGLE = 8  # words in a row shared with a benchmark question that exclude a conversation
@@ -225,16 +226,19 @@ class Campaign:
         run_dir: the directory holding everything the campaign writes.
         data: the :class:`CampaignData` plan.
         head: the :class:`CampaignHead` settings.
-        distill_dtype, feature_dtype: the target's dtype while answering and while computing features
-            (``"bfloat16"`` runs with packed weights on CPU; the head trains against a float32 target).
+        distill_dtype, feature_dtype: the target's dtype while answering and while computing features: ``"auto"``
+            (:func:`specprim.models.native_dtype`, decided by the machine each run resumes on), ``"float32"`` or
+            ``"bfloat16"`` (packed weights on a CPU that can pack them). The head trains against a float32 target.
+            Unlike the other settings, these may change when a run resumes (a campaign moved to a machine
+            without native bfloat16, say); each shard records the dtype it was made in.
     """
 
     target: str
     run_dir: str
     data: CampaignData = dataclasses.field(default_factory=CampaignData)
     head: CampaignHead = dataclasses.field(default_factory=CampaignHead)
-    distill_dtype: str = "bfloat16"
-    feature_dtype: str = "bfloat16"
+    distill_dtype: str = "auto"
+    feature_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "run_dir", os.fspath(self.run_dir))
@@ -265,9 +269,9 @@ class Campaign:
 
 
 def _settings_differ(a: Campaign, b: Campaign) -> list[str]:
-    """``field: old -> new`` for every setting (run directory aside) that differs."""
+    """``field: old -> new`` for every setting that differs (run directory and compute dtypes aside)."""
     out = []
-    for part in ("target", "distill_dtype", "feature_dtype"):
+    for part in ("target",):
         if getattr(a, part) != getattr(b, part):
             out.append(f"{part}: {getattr(a, part)!r} -> {getattr(b, part)!r}")
     for part in ("data", "head"):
@@ -276,6 +280,21 @@ def _settings_differ(a: Campaign, b: Campaign) -> list[str]:
             if old != new:
                 out.append(f"{field.name}: {old!r} -> {new!r}")
     return out
+
+
+def _compute_changes(a: Campaign, b: Campaign) -> list[str]:
+    """``field: old -> new`` for the compute dtypes that differ (allowed on resume)."""
+    return [f"{name}: {getattr(a, name)!r} -> {getattr(b, name)!r}" for name in _COMPUTE_SETTINGS
+            if getattr(a, name) != getattr(b, name)]
+
+
+def resolved_dtype(dtype: str) -> str:
+    """A campaign dtype setting as the dtype it runs in here (``"auto"``: :func:`specprim.models.native_dtype`)."""
+    if dtype != "auto":
+        return dtype
+    from specprim import models
+
+    return models.native_dtype()
 
 
 def load_campaign(run_dir: str | os.PathLike[str]) -> Campaign:
@@ -502,10 +521,12 @@ class _Runner:
     # -- models --------------------------------------------------------------------------------------------
 
     def model(self, dtype: str) -> Any:
-        """The target in ``dtype`` (bfloat16: packed linears where this CPU can pack them), loaded once."""
-        if dtype not in self._models:
-            from specprim import models
+        """The target in ``dtype`` (``"auto"``: this machine's native dtype; bfloat16: packed linears where this CPU
+        can pack them), loaded once."""
+        from specprim import models
 
+        dtype = resolved_dtype(dtype)
+        if dtype not in self._models:
             model, tokenizer = models.load(self.campaign.target, dtype=getattr(torch, dtype),
                                            pack=dtype == "bfloat16" and models.packing_supported())
             self._models[dtype] = model
@@ -589,7 +610,7 @@ class _Runner:
             self.budget.tick()
         _write_json(directory / "distilled.json", {
             "conversations": len(todo), "generated_tokens": generated, "temperature": shard.temperature,
-            "pass": shard.pass_index, "seed": shard.seed,
+            "pass": shard.pass_index, "seed": shard.seed, "dtype": resolved_dtype(self.campaign.distill_dtype),
         })
         os.replace(partial, final)
 
@@ -627,7 +648,8 @@ class _Runner:
         conversations = _read_jsonl(directory / "distilled.jsonl")
         examples = render_all(self.tokenizer, conversations, max_length=self.data.max_length)
         record = {"examples": len(examples), "tokens": sum(len(e.input_ids) for e in examples),
-                  "assistant_tokens": sum(int(e.assistant_mask.sum()) for e in examples)}
+                  "assistant_tokens": sum(int(e.assistant_mask.sum()) for e in examples),
+                  "dtype": resolved_dtype(self.campaign.feature_dtype)}
         if examples:
             self.budget.check()
             before = _manifest_tokens(directory / "features")
@@ -845,7 +867,8 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     The budget stops the run before the next unit of work (a self-distillation batch, a shard's feature cache or
     a training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
     continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
-    ``campaign.json``; a later call with other settings raises ``ValueError`` naming them, unless only the head's
+    ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (other compute dtypes are
+    saved and apply to the work still to do), unless only the head's
     settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``, ``milestones/``) then
     moves to ``retrained-<n>/`` and the head trains again from the start on the data already made. Returns the
     :func:`campaign_status` at the end.
@@ -870,6 +893,9 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
             shutil.copy2(run_dir / CONFIG_NAME, archive / CONFIG_NAME)
             _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
             log(f"retraining with {'; '.join(differ)}: the training so far moved to {archive}")
+        elif _compute_changes(saved, campaign):
+            _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
+            log(f"from now on {'; '.join(_compute_changes(saved, campaign))} (the shards made so far keep theirs)")
     else:
         _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
     runner = _Runner(campaign, _Budget(max_seconds, max_items, before_unit), log)

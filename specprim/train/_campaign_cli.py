@@ -74,8 +74,11 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     run.add_argument("run_dir")
     run.add_argument("--target", help="target model: a known name, a local path or a hub id "
                                       "(default smollm2-135m-instruct)")
-    run.add_argument("--distill-dtype", choices=("float32", "bfloat16"))
-    run.add_argument("--feature-dtype", choices=("float32", "bfloat16"))
+    dtypes = ("auto", "float32", "bfloat16")
+    run.add_argument("--distill-dtype", choices=dtypes,
+                     help="the target's dtype while answering (default auto: bfloat16 where this machine computes it "
+                          "natively, else float32; may change when a run resumes)")
+    run.add_argument("--feature-dtype", choices=dtypes, help="the target's dtype while computing features (as above)")
     data = run.add_argument_group("data plan")
     data.add_argument("--data", help="'sharegpt' (default), 'sharegpt-code' (its conversations with a fenced code "
                                      "block in an answer) or a JSONL file of conversations")
