@@ -1,9 +1,10 @@
 """tau (tokens per target forward, the bonus token included) of EAGLE-3 heads for a target (default
 SmolLM2-135M-Instruct) at several tree sizes, greedy and at temperature 1, on the first turns of a benchmark dataset
-(bf16 target, eager). Only acceptance is measured, so it may run beside other jobs:
+(eager; the target in bf16 where the machine computes it natively, else fp32, or --dtype). Only acceptance is
+measured, so it may run beside other jobs:
 
     python benchmarks/results/campaign-2026-12-06/tau.py HEAD [HEAD ...] [--target smollm2-135m-instruct]
-        [--dataset mt-bench] [--num-prompts 30] [--max-new-tokens 64] [--threads 1] [--json OUT]
+        [--dataset mt-bench] [--num-prompts 30] [--max-new-tokens 64] [--threads 1] [--dtype D] [--json OUT]
 
 HEAD: a head directory or a shipped head's name. Trees (verified nodes beside the root): greedy chain:1 (1),
 dynamic:depth=3,top_k=3,budget=3 (3), dynamic:depth=5,top_k=4,budget=8 (8), dynamic:depth=6,top_k=8,budget=32 (32);
@@ -19,7 +20,7 @@ import torch
 
 from specprim import presets
 from specprim.bench import conversation_ids, load_dataset
-from specprim.models import load, load_head
+from specprim.models import load, load_head, native_dtype
 from specprim.trees import parse_tree
 
 SHAPES = [  # (temperature, nodes, tree)
@@ -36,10 +37,11 @@ def main() -> None:
     parser.add_argument("--num-prompts", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=native_dtype())
     parser.add_argument("--json")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    target, tokenizer = load(args.target, dtype=torch.bfloat16)
+    target, tokenizer = load(args.target, dtype=getattr(torch, args.dtype))
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
     rows = []
     for name in args.heads:
