@@ -225,10 +225,12 @@ def test_compute_dtypes_follow_the_machine_and_may_change_on_resume(tiny, monkey
     run_campaign(campaign, max_items=3, log=lines.append)  # the held-out shard, its features, one batch
     assert json.loads((run / "shards" / "holdout" / "distilled.json").read_text())["dtype"] == "float32"
     assert json.loads((run / "shards" / "holdout" / "cached.json").read_text())["dtype"] == "float32"
-    moved = dataclasses.replace(campaign, feature_dtype="bfloat16")
+    moved = dataclasses.replace(campaign, feature_dtype="bfloat16",
+                                head=dataclasses.replace(campaign.head, mixed_precision="auto"))
     for _ in range(4):  # unit by unit: the rest of shard 0's answers, then its features in bfloat16
         run_campaign(moved, max_items=1, log=lines.append)
-    assert "from now on feature_dtype: 'auto' -> 'bfloat16' (the shards made so far keep theirs)" in lines
+    assert ("from now on feature_dtype: 'auto' -> 'bfloat16'; mixed_precision: 'no' -> 'auto' (what is done keeps "
+            "its own)") in lines
     assert json.loads((run / "campaign.json").read_text())["feature_dtype"] == "bfloat16"
     assert json.loads((run / "shards" / "00000" / "cached.json").read_text())["dtype"] == "bfloat16"
     assert json.loads((run / "shards" / "holdout" / "cached.json").read_text())["dtype"] == "float32"

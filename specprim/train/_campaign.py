@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import operator
 import os
 import random
 import re
@@ -61,7 +62,8 @@ __all__ = [
 DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
 _DTYPES = ("auto", "float32", "bfloat16")
-_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype")  # how the target computes, not what: may change on resume
+# how the target and the head compute, not what: they may change when a run resumes
+_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype", "head.mixed_precision")
 _GENERATED_PER_CACHED = {"target": 0.7, "source": 0.0}  # generated tokens per cached token before any is known
 _RECENT = 20  # units of work the rates of `campaign status` are measured over
 _SHINGLE = 8  # words in a row shared with a benchmark question that exclude a conversation
@@ -156,7 +158,10 @@ class CampaignHead:
             ``specprim train --align / --align-topk / --hass-topk / --hass-weight`` (off by default).
         lr, warmup_steps: AdamW learning rate, constant after a linear warm-up (the data keeps growing, so no
             decay is planned).
-        batch_tokens, mixed_precision: padded tokens per batch; ``"bf16"`` autocast or ``"no"``.
+        batch_tokens: padded tokens per batch.
+        mixed_precision: ``"bf16"`` autocast, ``"no"``, or ``"auto"``: ``"bf16"`` where the machine computes
+            bfloat16 natively (:func:`specprim.models.native_dtype`), else ``"no"``. Like the campaign's dtypes, it
+            may change when a run resumes.
         train_ratio: tokens trained per cached token: after shard ``i`` is cached, training continues until
             ``train_ratio`` x (tokens of shards ``0..i``) tokens have been trained in all.
         segment_steps: most optimizer steps between two held-out evaluations.
@@ -178,7 +183,7 @@ class CampaignHead:
     lr: float = 3e-4
     warmup_steps: int = 50
     batch_tokens: int = 4096
-    mixed_precision: str = "bf16"
+    mixed_precision: str = "auto"
     train_ratio: float = 2.0
     segment_steps: int = 100
     checkpoint_every: int = 25
@@ -199,8 +204,8 @@ class CampaignHead:
             raise ValueError(f"hass_topk must be >= 0 and hass_weight > 0, got {self.hass_topk} and {self.hass_weight}")
         if not self.lr > 0 or self.warmup_steps < 0:
             raise ValueError(f"lr must be > 0 and warmup_steps >= 0, got {self.lr} and {self.warmup_steps}")
-        if self.mixed_precision not in ("no", "bf16"):
-            raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
+        if self.mixed_precision not in ("auto", "no", "bf16"):
+            raise ValueError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}")
         if not self.train_ratio > 0:
             raise ValueError(f"train_ratio must be > 0, got {self.train_ratio}")
         if min(self.batch_tokens, self.segment_steps, self.checkpoint_every, self.log_every) < 1:
@@ -277,15 +282,26 @@ def _settings_differ(a: Campaign, b: Campaign) -> list[str]:
     for part in ("data", "head"):
         for field in dataclasses.fields(getattr(a, part)):
             old, new = getattr(getattr(a, part), field.name), getattr(getattr(b, part), field.name)
-            if old != new:
+            if old != new and f"{part}.{field.name}" not in _COMPUTE_SETTINGS:
                 out.append(f"{field.name}: {old!r} -> {new!r}")
     return out
 
 
 def _compute_changes(a: Campaign, b: Campaign) -> list[str]:
-    """``field: old -> new`` for the compute dtypes that differ (allowed on resume)."""
-    return [f"{name}: {getattr(a, name)!r} -> {getattr(b, name)!r}" for name in _COMPUTE_SETTINGS
-            if getattr(a, name) != getattr(b, name)]
+    """``field: old -> new`` for the compute settings that differ (allowed on resume)."""
+    out = []
+    for name in _COMPUTE_SETTINGS:
+        old, new = operator.attrgetter(name)(a), operator.attrgetter(name)(b)
+        if old != new:
+            out.append(f"{name.rpartition('.')[2]}: {old!r} -> {new!r}")
+    return out
+
+
+def resolved_mixed_precision(setting: str) -> str:
+    """A campaign's ``mixed_precision`` as it runs here (``"auto"``: ``"bf16"`` where bfloat16 is native)."""
+    if setting != "auto":
+        return setting
+    return "bf16" if resolved_dtype("auto") == "bfloat16" else "no"
 
 
 def resolved_dtype(dtype: str) -> str:
@@ -708,7 +724,8 @@ class _Runner:
 
         dataset = self.view(shards)
         objective = self.objective(dataset)
-        accelerator = Accelerator(mixed_precision=self.head.mixed_precision, cpu=not torch.cuda.is_available())
+        accelerator = Accelerator(mixed_precision=resolved_mixed_precision(self.head.mixed_precision),
+                                  cpu=not torch.cuda.is_available())
         metrics = _evaluate(objective, dataset, accelerator, self.dir / "train", {"step": 0, "epoch": 0})
         self._record({"segment": 0, "step": 0, "trained_tokens": 0, "shards": 0, "data_tokens": 0, **metrics})
 
@@ -733,7 +750,8 @@ class _Runner:
             config = TrainConfig(
                 epochs=segment["epochs"], max_steps=segment["target_step"], lr=self.head.lr,
                 warmup_steps=self.head.warmup_steps, min_lr_ratio=1.0, checkpoint_every=self.head.checkpoint_every,
-                log_every=self.head.log_every, mixed_precision=self.head.mixed_precision, seed=self.head.seed)
+                log_every=self.head.log_every, mixed_precision=resolved_mixed_precision(self.head.mixed_precision),
+                seed=self.head.seed)
             self._progress("training", None, segment=segment["index"], from_step=segment["start_step"],
                            to_step=segment["target_step"])
             started = time.perf_counter()
@@ -895,7 +913,7 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
             log(f"retraining with {'; '.join(differ)}: the training so far moved to {archive}")
         elif _compute_changes(saved, campaign):
             _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
-            log(f"from now on {'; '.join(_compute_changes(saved, campaign))} (the shards made so far keep theirs)")
+            log(f"from now on {'; '.join(_compute_changes(saved, campaign))} (what is done keeps its own)")
     else:
         _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
     runner = _Runner(campaign, _Budget(max_seconds, max_items, before_unit), log)
