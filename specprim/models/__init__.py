@@ -57,7 +57,6 @@ __all__ = [
     "QUANTIZE_SCHEMES",
     "cache_dir",
     "compile_forward",
-    "native_dtype",
     "packing_supported",
     "known_datastores",
     "known_heads",
