@@ -274,7 +274,7 @@ class Campaign:
 
 
 def _settings_differ(a: Campaign, b: Campaign) -> list[str]:
-    """``field: old -> new`` for every setting that differs (run directory and compute dtypes aside)."""
+    """``field: old -> new`` for every setting that differs (run directory and compute settings aside)."""
     out = []
     for part in ("target",):
         if getattr(a, part) != getattr(b, part):
