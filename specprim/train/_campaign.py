@@ -275,10 +275,7 @@ class Campaign:
 
 def _settings_differ(a: Campaign, b: Campaign) -> list[str]:
     """``field: old -> new`` for every setting that differs (run directory and compute settings aside)."""
-    out = []
-    for part in ("target",):
-        if getattr(a, part) != getattr(b, part):
-            out.append(f"{part}: {getattr(a, part)!r} -> {getattr(b, part)!r}")
+    out = [f"target: {a.target!r} -> {b.target!r}"] if a.target != b.target else []
     for part in ("data", "head"):
         for field in dataclasses.fields(getattr(a, part)):
             old, new = getattr(getattr(a, part), field.name), getattr(getattr(b, part), field.name)
@@ -885,8 +882,8 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     The budget stops the run before the next unit of work (a self-distillation batch, a shard's feature cache or
     a training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
     continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
-    ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (other compute dtypes are
-    saved and apply to the work still to do), unless only the head's
+    ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (other compute settings:
+    dtypes and mixed precision, are saved and apply to the work still to do), unless only the head's
     settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``, ``milestones/``) then
     moves to ``retrained-<n>/`` and the head trains again from the start on the data already made. Returns the
     :func:`campaign_status` at the end.
@@ -896,12 +893,15 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     if max_items is not None and max_items < 0:
         raise ValueError(f"max_items must be >= 0, got {max_items}")
     run_dir = Path(campaign.run_dir)
-    if (run_dir / CONFIG_NAME).is_file():
+    new_run = not (run_dir / CONFIG_NAME).is_file()
+    differ: list[str] = []
+    compute: list[str] = []
+    if not new_run:
         saved = load_campaign(run_dir)
         conflict = settings_conflict(saved, campaign, retrain)
         if conflict:
             raise ValueError(conflict)
-        differ = _settings_differ(saved, campaign)
+        differ, compute = _settings_differ(saved, campaign), _compute_changes(saved, campaign)
         if differ:
             archive = run_dir / f"retrained-{1 + len(list(run_dir.glob('retrained-*')))}"
             archive.mkdir()
@@ -909,12 +909,10 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
                 if (run_dir / name).exists():
                     os.replace(run_dir / name, archive / name)
             shutil.copy2(run_dir / CONFIG_NAME, archive / CONFIG_NAME)
-            _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
             log(f"retraining with {'; '.join(differ)}: the training so far moved to {archive}")
-        elif _compute_changes(saved, campaign):
-            _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
-            log(f"from now on {'; '.join(_compute_changes(saved, campaign))} (what is done keeps its own)")
-    else:
+        elif compute:
+            log(f"from now on {'; '.join(compute)} (what is done keeps its own)")
+    if new_run or differ or compute:  # saved as it now runs
         _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
     runner = _Runner(campaign, _Budget(max_seconds, max_items, before_unit), log)
     try:
