@@ -15,12 +15,14 @@ from test_bench import word_tokenizer
 from specprim import cli
 from specprim.bench._prompts import Prompt
 from specprim.drafters import EagleHead
+from specprim.train import _campaign as _campaign_module
 from specprim.train import _distill, _features
 from specprim.train._campaign import (
     Campaign,
     CampaignData,
     CampaignHead,
     campaign_status,
+    distill_order,
     format_status,
     plan_order,
     plan_shards,
@@ -123,7 +125,9 @@ def test_a_campaign_runs_to_the_end_and_reports_its_status(tiny, whole, capsys):
     # first turns and continuations: every user turn (up to max_turns) is answered by the target
     source = [json.loads(line) for line in (tiny / "chats.jsonl").read_text().splitlines()]
     first = [json.loads(line) for line in (run / "shards" / shards[0] / "distilled.jsonl").read_text().splitlines()]
-    for index, conversation in zip(order["train"][:4], first, strict=True):
+    items = order["train"][:4]
+    answered = [items[i] for i in distill_order([trim_conversation(source[i], campaign.data) for i in items])]
+    for index, conversation in zip(answered, first, strict=True):  # shortest prompt first
         users = [m for m in source[index] if m["role"] == "user"][:2]
         assert [m for m in conversation if m["role"] == "user"] == users
         assert [m["role"] for m in conversation] == ["user", "assistant"] * len(users)
@@ -306,6 +310,55 @@ def test_bad_inputs_give_a_one_line_error(tiny, capsys):
     records = [json.loads(line) for line in (run / "eval.jsonl").read_text().splitlines()]
     assert records[0]["segment"] == 0 and records[0] == json.loads(old_eval.splitlines()[0])  # the same start
     assert [r["segment"] for r in records] == [0, 1]  # one segment of the new training so far
+    shutil.rmtree(run)
+
+
+def _first_users(path):
+    conversations = map(json.loads, path.read_text().splitlines())
+    return [next(m["content"] for m in c if m["role"] == "user") for c in conversations]
+
+
+def test_shards_are_answered_shortest_prompt_first_and_an_unsorted_partial_file_goes_on_unsorted(tiny, whole,
+                                                                                                 monkeypatch):
+    """Batches stay full and pad their prompts to about one length: each shard is answered (and written) by number
+    of turns, then shortest prompt first; a partial file begun in the shard's own order (an earlier version) is
+    completed in that order."""
+    campaign, _ = whole
+    source = [json.loads(line) for line in (tiny / "chats.jsonl").read_text().splitlines()]
+    holdout, shards = plan_shards(json.loads((tiny / "whole" / "order.json").read_text()), campaign.data)
+    lengths = set()
+    for shard in [holdout, *shards]:
+        path = tiny / "whole" / "shards" / shard.name / "distilled.jsonl"
+        if not path.is_file():
+            continue  # the campaign ended before this shard
+        sizes = [(sum(m["role"] == "user" for m in c), sum(len(m["content"]) for m in c if m["role"] == "user"))
+                 for c in map(json.loads, path.read_text().splitlines())]
+        assert sizes == sorted(sizes)  # by turns, then characters
+        lengths |= set(sizes)
+        items = [trim_conversation(source[i], campaign.data) for i in shard.items]
+        assert sorted(_first_users(path)) == sorted(c[0]["content"] for c in items)
+    assert len(lengths) > 3
+    chats = [[{"role": "user", "content": "x" * n}, {"role": "assistant", "content": "a"}] for n in (5, 2, 9, 2)]
+    chats[2] = chats[2] + chats[1]  # two turns
+    assert distill_order(chats) == [1, 3, 0, 2]
+    assert distill_order(chats, chats[1:2]) == [1, 3, 0, 2]
+    assert distill_order(chats, chats[:2]) == [0, 1, 2, 3]
+    chats[0] = chats[1] + chats[1]
+    assert distill_order(chats) == [1, 3, 0, 2]  # the two-turn chats last, the shorter first
+    for written in (chats[2:3], chats + chats[:1]):
+        with pytest.raises(ValueError, match="holds conversations of another shard"):
+            distill_order(chats, written)
+
+    run = tiny / "legacy"
+    legacy = _campaign(tiny, run)
+    monkeypatch.setattr(_campaign_module, "distill_order", lambda conversations, written=(): list(
+        range(len(conversations))))
+    run_campaign(legacy, max_items=4, log=_quiet)  # the held-out shard (2 batches), its features, 1 batch of shard 0
+    assert len(_first_users(run / "shards" / "00000" / ".distilled.jsonl.partial")) == campaign.data.batch_size
+    monkeypatch.undo()
+    run_campaign(legacy, max_items=3, log=_quiet)  # the rest of shard 0
+    items = [trim_conversation(source[i], campaign.data) for i in shards[0].items]
+    assert _first_users(run / "shards" / "00000" / "distilled.jsonl") == [c[0]["content"] for c in items]
     shutil.rmtree(run)
 
 

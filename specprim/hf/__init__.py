@@ -12,6 +12,7 @@ from specprim.hf._causal_lm import (
     vocab_size,
 )
 from specprim.hf._protocol import Target
+from specprim.hf._reserved_cache import reserved_cache, reserved_cache_fits
 from specprim.hf._static_target import (
     CACHE_ROUNDING,
     QUERY_BUCKETS,

@@ -398,6 +398,34 @@ def trim_conversation(conversation: Conversation, data: CampaignData) -> Convers
     return out if users and out else None
 
 
+def _prompt_size(conversation: Conversation) -> tuple[int, int]:
+    """(user turns, characters of the system and user turns)."""
+    users = sum(m["role"] == "user" for m in conversation)
+    return users, sum(len(m["content"]) for m in conversation if m["role"] != "assistant")
+
+
+def _first_user(conversation: Conversation) -> str:
+    return next(m["content"] for m in conversation if m["role"] == "user")
+
+
+def distill_order(conversations: Sequence[Conversation], written: Sequence[Conversation] = ()) -> list[int]:
+    """The order a shard's ``conversations`` are answered (and written) in: by number of user turns, then shortest
+    prompts first (characters of the system and user turns; ties by position), so that a batch stays full for
+    every turn it answers and pads its prompts to about one length.
+
+    ``written``: the conversations a partial file already holds. A file begun in the shard's own order (by a version
+    that did not sort) goes on in that order; ``ValueError`` when it follows neither.
+    """
+    by_length = sorted(range(len(conversations)), key=lambda i: (*_prompt_size(conversations[i]), i))
+    for order in (by_length, list(range(len(conversations)))):
+        begun = order[: len(written)]
+        if len(begun) == len(written) and all(
+                _first_user(w) == _first_user(conversations[i]) for w, i in zip(written, begun, strict=True)):
+            return order
+    raise ValueError("a partial self-distillation file holds conversations of another shard; remove it to redo "
+                     "the shard")
+
+
 def plan_order(conversations: Sequence[Conversation], data: CampaignData, excluded: set[str]) -> dict[str, Any]:
     """The eligible source items: ``holdout`` (the last ones) and ``train`` (the others before them, shuffled)."""
     eligible, dropped = [], 0
@@ -601,6 +629,7 @@ class _Runner:
         partial = directory / ".distilled.jsonl.partial"
         partial.touch()
         done = _complete_lines(partial)
+        todo = [todo[i] for i in distill_order(todo, _read_jsonl(partial))]
         generated = _generated_tokens(self.tokenizer, _read_jsonl(partial))
         size = self.data.batch_size
         while done < len(todo):

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from specprim.hf import cache_kwarg, reserved_cache, reserved_cache_fits
 from specprim.train._data import Conversation
 from specprim.train._progress import progress_bar
 
@@ -92,7 +93,8 @@ def _rewrite(target: Any, tokenizer: Any, batch: Sequence[Conversation], max_new
 @torch.no_grad()
 def _generate(target: Any, tokenizer: Any, prompts: Sequence[Conversation], max_new_tokens: int,
               max_prompt_tokens: int, temperature: float) -> list[str]:
-    """One batched ``generate`` call, left-padded: the answer text to each prompt conversation."""
+    """One batched ``generate`` call, left-padded, with a :func:`~specprim.hf.reserved_cache` where it fits (written
+    in place, never concatenated): the answer text to each prompt conversation."""
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     rows = [tokenizer(t, add_special_tokens=False).input_ids[-max_prompt_tokens:] for t in texts]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -102,8 +104,9 @@ def _generate(target: Any, tokenizer: Any, prompts: Sequence[Conversation], max_
     device = target.get_input_embeddings().weight.device
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(
         do_sample=False)
+    cache = {cache_kwarg(target): reserved_cache(width + max_new_tokens)} if reserved_cache_fits(target) else {}
     out = target.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                          max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
+                          max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling, **cache)
     return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in out[:, width:].cpu()]
 
 
