@@ -629,8 +629,9 @@ class _Runner:
         partial = directory / ".distilled.jsonl.partial"
         partial.touch()
         done = _complete_lines(partial)
-        todo = [todo[i] for i in distill_order(todo, _read_jsonl(partial))]
-        generated = _generated_tokens(self.tokenizer, _read_jsonl(partial))
+        written = _read_jsonl(partial)
+        todo = [todo[i] for i in distill_order(todo, written)]
+        generated = _generated_tokens(self.tokenizer, written)
         size = self.data.batch_size
         while done < len(todo):
             self.budget.check()
