@@ -217,24 +217,30 @@ def test_budget_stops_resume_exactly_and_status_counts_grow(tiny, whole):
     assert "stopped" in format_status(stopped)
 
 
-def test_compute_dtypes_follow_the_machine_and_may_change_on_resume(tiny, monkeypatch):
-    """``auto`` runs in the machine's native dtype; each shard records the dtype it was made in; other dtypes on
-    resume are saved and apply from then on, without retraining (the other settings are refused, tested below)."""
+def test_compute_settings_follow_the_machine_and_may_change_on_resume(tiny, monkeypatch):
+    """``auto`` runs in the machine's native dtype; each shard records the dtype it was made in; other dtypes and
+    another self-distillation batch size on resume are saved and apply from then on, without retraining and keeping
+    the answers already written (the other settings are refused, tested below)."""
     from specprim import models
 
     monkeypatch.setattr(models, "native_dtype", lambda: "float32")  # e.g. an AVX2-only CPU
     run = tiny / "dtypes"
     campaign = dataclasses.replace(_campaign(tiny, run), distill_dtype="auto", feature_dtype="auto")
     lines = []
-    run_campaign(campaign, max_items=3, log=lines.append)  # the held-out shard, its features, one batch
+    run_campaign(campaign, max_items=4, log=lines.append)  # the held-out shard (2 batches), its features, 1 batch
     assert json.loads((run / "shards" / "holdout" / "distilled.json").read_text())["dtype"] == "float32"
     assert json.loads((run / "shards" / "holdout" / "cached.json").read_text())["dtype"] == "float32"
+    first_batch = (run / "shards" / "00000" / ".distilled.jsonl.partial").read_text().splitlines()
+    assert len(first_batch) == campaign.data.batch_size
     moved = dataclasses.replace(campaign, feature_dtype="bfloat16",
+                                data=dataclasses.replace(campaign.data, batch_size=3),
                                 head=dataclasses.replace(campaign.head, mixed_precision="auto"))
     for _ in range(4):  # unit by unit: the rest of shard 0's answers, then its features in bfloat16
         run_campaign(moved, max_items=1, log=lines.append)
-    assert ("from now on feature_dtype: 'auto' -> 'bfloat16'; mixed_precision: 'no' -> 'auto' (what is done keeps "
-            "its own)") in lines
+    assert ("from now on feature_dtype: 'auto' -> 'bfloat16'; batch_size: 2 -> 3; mixed_precision: 'no' -> 'auto' "
+            "(what is done keeps its own)") in lines
+    answered = (run / "shards" / "00000" / "distilled.jsonl").read_text().splitlines()
+    assert answered[:2] == first_batch and len(answered) == 4
     assert json.loads((run / "campaign.json").read_text())["feature_dtype"] == "bfloat16"
     assert json.loads((run / "shards" / "00000" / "cached.json").read_text())["dtype"] == "bfloat16"
     assert json.loads((run / "shards" / "holdout" / "cached.json").read_text())["dtype"] == "float32"

@@ -63,7 +63,7 @@ DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
 _DTYPES = ("auto", "float32", "bfloat16")
 # how the target and the head compute, not what: they may change when a run resumes
-_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype", "head.mixed_precision")
+_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype", "data.batch_size", "head.mixed_precision")
 _GENERATED_PER_CACHED = {"target": 0.7, "source": 0.0}  # generated tokens per cached token before any is known
 _RECENT = 20  # units of work the rates of `campaign status` are measured over
 _SHINGLE = 8  # words in a row shared with a benchmark question that exclude a conversation
@@ -91,7 +91,10 @@ class CampaignData:
         temperatures: the answer temperature of shard ``j`` in pass ``p`` is ``temperatures[(j + p) % n]``
             (0 = greedy).
         passes: passes over the ordered conversations.
-        max_new_tokens, max_prompt_tokens, batch_size: self-distillation generation settings.
+        max_new_tokens, max_prompt_tokens: self-distillation generation settings.
+        batch_size: conversations answered at once (a compute setting: it may change when a run resumes; a
+            changed size applies to the conversations still to answer, and the sampled answers of a temperature
+            shard then differ from an uninterrupted run's, as they are seeded by batch).
         max_length: tokens kept per rendered conversation.
         top_k: target next-token probabilities cached per position (the labels).
         seed: the order of the training conversations and the sampling seeds.
@@ -109,7 +112,7 @@ class CampaignData:
     passes: int = 2
     max_new_tokens: int = 256
     max_prompt_tokens: int = 512
-    batch_size: int = 32
+    batch_size: int = 64
     max_length: int = 1024
     top_k: int = 16
     seed: int = 0
@@ -234,8 +237,9 @@ class Campaign:
         distill_dtype, feature_dtype: the target's dtype while answering and while computing features: ``"auto"``
             (:func:`specprim.models.native_dtype`, decided by the machine each run resumes on), ``"float32"`` or
             ``"bfloat16"`` (packed weights on a CPU that can pack them). The head trains against a float32 target.
-            Unlike the other settings, these may change when a run resumes (a campaign moved to a machine
-            without native bfloat16, say); each shard records the dtype it was made in.
+            Unlike the other settings, these, ``data.batch_size`` and ``head.mixed_precision`` may change when a
+            run resumes (a campaign moved to a machine without native bfloat16, or with room for larger batches);
+            each shard records the dtype it was made in.
     """
 
     target: str
@@ -913,10 +917,10 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     a training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
     continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
     ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (other compute settings:
-    dtypes and mixed precision, are saved and apply to the work still to do), unless only the head's
-    settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``, ``milestones/``) then
-    moves to ``retrained-<n>/`` and the head trains again from the start on the data already made. Returns the
-    :func:`campaign_status` at the end.
+    dtypes, the self-distillation batch size and mixed precision, are saved and apply to the work still to do),
+    unless only the head's settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``,
+    ``milestones/``) then moves to ``retrained-<n>/`` and the head trains again from the start on the data already
+    made. Returns the :func:`campaign_status` at the end.
     """
     if max_seconds is not None and max_seconds < 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds}")

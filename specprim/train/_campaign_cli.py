@@ -98,7 +98,8 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     data.add_argument("--passes", help="passes over the conversations (default 2)")
     data.add_argument("--max-new-tokens")
     data.add_argument("--max-prompt-tokens")
-    data.add_argument("--distill-batch-size")
+    data.add_argument("--distill-batch-size", help="conversations answered at once (default 64; may change when a "
+                                                   "run resumes)")
     data.add_argument("--max-length", help="tokens per rendered conversation (default 1024)")
     data.add_argument("--top-k")
     data.add_argument("--data-seed")

@@ -4,8 +4,10 @@
         --conversations 128 --order length --cache reserved
 
 ``--order shard`` answers the conversations in the shard's own order, ``length`` in the campaign's order (by number
-of user turns, then shortest prompt first); ``--cache default`` makes ``generate`` use the model's default cache,
-``reserved`` the in-place one the campaign uses. Prints the answer tokens per second over all batches (prompts
+of user turns, then shortest prompt first); ``--start P`` takes the conversations at positions P, P+1, ... of the
+campaign's order of the whole shard instead of the shard's first ones (a block of batches as the campaign runs
+them). ``--cache default`` makes ``generate`` use the model's default cache, ``reserved`` the in-place one the
+campaign uses. Prints the answer tokens per second over all batches (prompts
 re-read at every turn included, as the campaign does). Run it on a quiet machine.
 """
 
@@ -38,6 +40,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=None, help="default: the campaign's")
     parser.add_argument("--order", choices=("shard", "length"), default="length")
     parser.add_argument("--cache", choices=("default", "reserved"), default="reserved")
+    parser.add_argument("--start", type=int, default=None,
+                        help="take the conversations from this position of the campaign's order of the whole shard")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -46,9 +50,13 @@ def main() -> None:
     _, shards = plan_shards(_read_json(Path(args.run_dir) / "order.json"), data)
     shard = shards[args.shard]
     source = load_conversations(data.source)
-    todo = [trim_conversation(source[i], data) for i in shard.items[: args.conversations]]
-    if args.order == "length":
-        todo = [todo[i] for i in distill_order(todo)]
+    if args.start is not None:
+        whole = [trim_conversation(source[i], data) for i in shard.items]
+        todo = [whole[i] for i in distill_order(whole)][args.start: args.start + args.conversations]
+    else:
+        todo = [trim_conversation(source[i], data) for i in shard.items[: args.conversations]]
+        if args.order == "length":
+            todo = [todo[i] for i in distill_order(todo)]
     if args.cache == "default":
         _distill.reserved_cache_fits = lambda model: False
     dtype = resolved_dtype(campaign.distill_dtype)  # as the campaign runs here
@@ -63,9 +71,9 @@ def main() -> None:
         tokens += sum(len(tokenizer(m["content"], add_special_tokens=False).input_ids)
                       for c in answered for m in c if m["role"] == "assistant")
     seconds = time.perf_counter() - started
+    which = f"positions {args.start}+ of the campaign order" if args.start is not None else f"order {args.order}"
     print(f"shard {shard.name} (temperature {shard.temperature:g}), {len(todo)} conversations, {dtype}, batch {size}, "
-          f"order {args.order}, cache {args.cache}: {tokens:,} answer tokens in {seconds:.0f} s, "
-          f"{tokens / seconds:.0f} tok/s")
+          f"{which}, cache {args.cache}: {tokens:,} answer tokens in {seconds:.0f} s, {tokens / seconds:.0f} tok/s")
 
 
 if __name__ == "__main__":
