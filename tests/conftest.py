@@ -1,8 +1,18 @@
 import pytest
 import torch
+from _cores import worker_cores
 
 # Tests run many small tensor ops: one intra-op thread is much faster and steadier on a 2-core machine.
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _subprocess_threads():
+    """Processes the tests start (notebook kernels, fresh interpreters) use this test process's share of the cores:
+    under ``pytest -n 2`` on two cores, a kernel with two threads beside the other worker would slow both."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OMP_NUM_THREADS", str(worker_cores()))
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from _cores import worker_cores
 from _tiny import VOCAB, tiny_causal_lm
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -341,7 +342,7 @@ def test_the_shipped_datastore_drafts_for_smollm2_losslessly():
     from specprim.cli import chat_input_ids
     from specprim.models import load, load_datastore
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(worker_cores())
     try:
         target, tokenizer = load("smollm2-135m-instruct")
         store = load_datastore("smollm2-135m-instruct-answers", tokenizer)  # the fingerprint matches

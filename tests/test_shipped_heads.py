@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from _cores import worker_cores
 from _tiny import tiny_causal_lm
 
 from specprim import presets, speculative_generate
@@ -76,7 +77,7 @@ def test_the_shipped_heads_are_installed_and_within_the_size_budget():
 @pytest.mark.real_model
 @pytest.mark.parametrize("name", SHIPPED)
 def test_a_shipped_head_decodes_smollm2_losslessly_and_accepts_more_than_one_token(name):
-    torch.set_num_threads(2)
+    torch.set_num_threads(worker_cores())
     try:
         target, tokenizer = load("smollm2-135m-instruct")
         method = presets.from_name(name.rsplit("-", 1)[1], target=target, head=name)

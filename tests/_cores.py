@@ -1,0 +1,12 @@
+"""The CPU cores one test process may keep busy."""
+
+import os
+
+
+def worker_cores() -> int:
+    """The machine's cores shared among the test processes running at once (``pytest -n N`` starts N), at least one.
+
+    Two processes whose torch threads outnumber the cores between them wait on each other's starved threads at
+    every parallel region and run several times slower than one thread each."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
