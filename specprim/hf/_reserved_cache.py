@@ -56,6 +56,12 @@ class ReservedLayer(CacheLayerMixin):
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
         return self.keys, self.values
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the (b',) batch rows ``indices`` (copies the buffers once)."""
+        if self.is_initialized:
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self.keys, self.values = self._keys[:, :, :self.length], self._values[:, :, :self.length]
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """(key length, key offset) of a query of ``query_length`` new positions."""
         return self.length + query_length, 0

@@ -14,7 +14,8 @@ from typing import Any
 
 import torch
 
-from specprim.hf import cache_kwarg, reserved_cache, reserved_cache_fits
+from specprim.hf import reserved_cache_fits
+from specprim.train._answers import answer_prompts
 from specprim.train._data import Conversation
 from specprim.train._progress import progress_bar
 
@@ -93,10 +94,14 @@ def _rewrite(target: Any, tokenizer: Any, batch: Sequence[Conversation], max_new
 @torch.no_grad()
 def _generate(target: Any, tokenizer: Any, prompts: Sequence[Conversation], max_new_tokens: int,
               max_prompt_tokens: int, temperature: float) -> list[str]:
-    """One batched ``generate`` call, left-padded, with a :func:`~specprim.hf.reserved_cache` where it fits (written
-    in place, never concatenated): the answer text to each prompt conversation."""
+    """The answer text to each prompt conversation: :func:`~specprim.train._answers.answer_prompts` (no padding
+    waste) where the target's cache allows, else one left-padded batched ``generate`` call."""
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     rows = [tokenizer(t, add_special_tokens=False).input_ids[-max_prompt_tokens:] for t in texts]
+    if reserved_cache_fits(target):
+        answers = answer_prompts(target, rows, max_new_tokens=max_new_tokens, temperature=temperature,
+                                 eos_token_ids=_eos_ids(target, tokenizer))
+        return [tokenizer.decode(answer, skip_special_tokens=True).strip() for answer in answers]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     width = max(len(r) for r in rows)
     input_ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows])  # (B, T) left-padded
@@ -104,10 +109,20 @@ def _generate(target: Any, tokenizer: Any, prompts: Sequence[Conversation], max_
     device = target.get_input_embeddings().weight.device
     sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature > 0 else dict(
         do_sample=False)
-    cache = {cache_kwarg(target): reserved_cache(width + max_new_tokens)} if reserved_cache_fits(target) else {}
     out = target.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                          max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling, **cache)
+                          max_new_tokens=max_new_tokens, pad_token_id=pad, **sampling)
     return [tokenizer.decode(row, skip_special_tokens=True).strip() for row in out[:, width:].cpu()]
+
+
+def _eos_ids(target: Any, tokenizer: Any) -> set[int]:
+    """The tokens that end an answer: the generation config's end tokens, else the tokenizer's."""
+    configured = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+    if configured is None:
+        configured = tokenizer.eos_token_id
+    ids = {configured} if isinstance(configured, int) else set(configured or ())
+    if not ids:
+        raise ValueError("the target and its tokenizer name no end-of-sequence token")
+    return ids
 
 
 def _count_lines(path: str | os.PathLike[str]) -> int:
