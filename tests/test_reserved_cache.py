@@ -1,6 +1,6 @@
 """specprim.hf.reserved_cache: batched, left-padded ``generate`` gives the tokens of the default cache, greedy and
-sampled, with room to spare and when the room is outgrown; models with other kinds of layers keep their own cache;
-bad capacities are refused."""
+sampled, with room to spare and when the room is outgrown; selected rows keep their filled part; models with other
+kinds of layers keep their own cache; bad capacities are refused."""
 
 import pytest
 import torch
@@ -60,3 +60,13 @@ def test_bad_capacity_is_refused():
     for capacity in (0, -3):
         with pytest.raises(ValueError, match="capacity must be >= 1"):
             reserved_cache(capacity)
+
+
+def test_selecting_rows_keeps_their_filled_part():
+    layer = ReservedLayer(6)
+    keys = torch.arange(3 * 2 * 4 * 2, dtype=torch.float32).reshape(3, 2, 4, 2)  # (B, H, n, D)
+    layer.update(keys, -keys)
+    layer.batch_select_indices(torch.tensor([2, 0]))
+    assert torch.equal(layer.keys, keys[[2, 0]]) and torch.equal(layer.values, -keys[[2, 0]])
+    more, _ = layer.update(keys[:2, :, :1], -keys[:2, :, :1])  # the kept rows go on filling their room
+    assert layer._keys.shape == (2, 2, 6, 2) and torch.equal(more, torch.cat([keys[[2, 0]], keys[:2, :, :1]], dim=-2))
