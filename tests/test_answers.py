@@ -1,18 +1,19 @@
-"""specprim.train._answers: prompts of unequal lengths prefilled alone and decoded together give each prompt the
-tokens of decoding it alone (greedy), finished rows are dropped without disturbing the others, sampling draws from
-softmax(logits / T), and bad prompts are refused."""
+"""specprim.train._answers: prompts of unequal lengths prefilled alone or in groups of about one length and decoded
+together give each prompt the tokens of decoding it alone (greedy), finished rows are dropped without disturbing the
+others, sampling draws from softmax(logits / T), and bad prompts are refused."""
 
 import pytest
 import torch
 from _tiny import ARCHITECTURES, tiny_causal_lm
 
+from specprim.hf import reserved_cache
 from specprim.hf._reserved_cache import ReservedLayer
-from specprim.train._answers import answer_prompts, pick_tokens
+from specprim.train._answers import _prefill, answer_prompts, pick_tokens, prefill_groups
 
 
 def _prompts():
     generator = torch.Generator().manual_seed(5)
-    return [torch.randint(3, 97, (n,), generator=generator).tolist() for n in (9, 1, 4, 12, 2)]
+    return [torch.randint(3, 97, (n,), generator=generator).tolist() for n in (9, 1, 4, 12, 2, 13, 12)]
 
 
 def _alone(model, prompt, max_new_tokens, eos):
@@ -40,6 +41,32 @@ def test_each_answer_is_the_prompt_decoded_alone(arch, monkeypatch):
     assert got == want
     assert any(len(a) < 10 for a in want) and any(len(a) == 10 for a in want)
     assert dropped and min(dropped) < len(prompts)  # finished rows left the batch mid-way
+
+
+def test_prefill_groups_hold_prompts_of_about_one_length():
+    assert prefill_groups([8, 0, 3, 11, 1, 12, 11]) == [[4], [2], [0, 3, 6, 5]]  # _prompts(): 6 padded of 48
+    assert prefill_groups([100] * 25) == [list(range(10)), list(range(10, 20)), list(range(20, 25))]  # 1,024 each
+    assert prefill_groups([600, 600, 10]) == [[2], [0], [1]]  # two of 600 would hold 1,200 positions
+    assert prefill_groups([10, 20]) == [[0], [1]]  # half the group would be padding
+    assert prefill_groups([]) == []
+
+
+@pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "gemma3"])
+def test_the_prefilled_cache_holds_each_prompt_as_if_run_alone(arch):
+    model = tiny_causal_lm(arch, seed=2)
+    prompts = _prompts()
+    width = max(len(p) for p in prompts)
+    cache = reserved_cache(width + 4)
+    with torch.no_grad():
+        _prefill(model, prompts, width, cache, torch.device("cpu"))
+        for b, prompt in enumerate(prompts):
+            n = len(prompt) - 1
+            alone = model(input_ids=torch.tensor([prompt[:-1]]), use_cache=True).past_key_values if n else None
+            for layer, got in enumerate(cache.layers):  # got.keys: (B, H, width - 1, D)
+                assert not got.keys[b, :, :width - 1 - n].any() and not got.values[b, :, :width - 1 - n].any()
+                if n:
+                    torch.testing.assert_close(got.keys[b, :, width - 1 - n:], alone.layers[layer].keys[0])
+                    torch.testing.assert_close(got.values[b, :, width - 1 - n:], alone.layers[layer].values[0])
 
 
 def test_all_rows_ending_at_once_stops_early():

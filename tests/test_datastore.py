@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from _cores import worker_cores
+from _cores import worker_threads
 from _tiny import VOCAB, tiny_causal_lm
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -342,8 +342,7 @@ def test_the_shipped_datastore_drafts_for_smollm2_losslessly():
     from specprim.cli import chat_input_ids
     from specprim.models import load, load_datastore
 
-    torch.set_num_threads(worker_cores())
-    try:
+    with worker_threads():
         target, tokenizer = load("smollm2-135m-instruct")
         store = load_datastore("smollm2-135m-instruct-answers", tokenizer)  # the fingerprint matches
         ids = chat_input_ids(tokenizer, "Write a short paragraph about the benefits of regular exercise.")
@@ -353,8 +352,6 @@ def test_the_shipped_datastore_drafts_for_smollm2_losslessly():
                                    max_new_tokens=48, eos_token_id=tokenizer.eos_token_id)
         assert torch.equal(out.sequences, expected)
         assert out.stats.tau > 1.05  # 1.07 measured: on open-ended answers the datastore drafts a few tokens
-    finally:
-        torch.set_num_threads(1)
 
 
 def test_the_datastore_command_builds_from_text_files(tmp_path, capsys):

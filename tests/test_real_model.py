@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from _cores import worker_cores
+from _cores import worker_threads
 
 from specprim import presets, speculative_generate
 from specprim.acceptance import Greedy, SpeculativeSampling
@@ -27,11 +27,10 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def smollm2():
-    torch.set_num_threads(worker_cores())
-    model, tokenizer = load("smollm2-135m-instruct")
-    draft = copy.deepcopy(model).to(torch.bfloat16)  # close to the target but not bit-identical
-    yield model, tokenizer, draft
-    torch.set_num_threads(1)
+    with worker_threads():
+        model, tokenizer = load("smollm2-135m-instruct")
+        draft = copy.deepcopy(model).to(torch.bfloat16)  # close to the target but not bit-identical
+        yield model, tokenizer, draft
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from _cores import worker_cores
+from _cores import worker_threads
 from _tiny import tiny_causal_lm
 
 from specprim import presets, speculative_generate
@@ -77,8 +77,7 @@ def test_the_shipped_heads_are_installed_and_within_the_size_budget():
 @pytest.mark.real_model
 @pytest.mark.parametrize("name", SHIPPED)
 def test_a_shipped_head_decodes_smollm2_losslessly_and_accepts_more_than_one_token(name):
-    torch.set_num_threads(worker_cores())
-    try:
+    with worker_threads():
         target, tokenizer = load("smollm2-135m-instruct")
         method = presets.from_name(name.rsplit("-", 1)[1], target=target, head=name)
         ids = chat_input_ids(tokenizer, "Explain in two sentences why the sky is blue.")
@@ -88,5 +87,3 @@ def test_a_shipped_head_decodes_smollm2_losslessly_and_accepts_more_than_one_tok
                                    eos_token_id=tokenizer.eos_token_id)
         assert torch.equal(out.sequences, expected)
         assert out.stats.tau > MIN_TAU[name]  # a trained head, not a random one
-    finally:
-        torch.set_num_threads(1)
