@@ -76,14 +76,16 @@ def answer_prompts(target: Any, prompts: Sequence[Sequence[int]], *, max_new_tok
     return answers
 
 
-def _prefill(target: Any, prompts: Sequence[Sequence[int]], width: int, cache: Any, device: torch.device) -> None:
+def _prefill(target: Any, prompts: Sequence[Sequence[int]], width: int, cache: Any, device: torch.device, *,
+             group_tokens: int = PREFILL_TOKENS) -> None:
     """Fill ``cache`` with every prompt's keys and values but its last token's, right-aligned: prompt ``b``'s
     (H, n, D) states in positions ``[width - 1 - n, width - 1)`` of row ``b``, zeros before them. Prompts run in
-    groups of about one length (:func:`prefill_groups`), left-padded within a group."""
+    groups of about one length (:func:`prefill_groups`, at most ``group_tokens`` positions), left-padded within a
+    group."""
     if width == 1:
         return  # nothing precedes the last tokens: the first decoding step fills the cache
     heads: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: (B, H, width - 1, D) keys and values
-    for group in prefill_groups([len(p) - 1 for p in prompts]):
+    for group in prefill_groups([len(p) - 1 for p in prompts], tokens=group_tokens):
         lengths = [len(prompts[b]) - 1 for b in group]
         longest = max(lengths)
         ids = torch.tensor([[0] * (longest - n) + list(prompts[b][:-1]) for b, n in zip(group, lengths, strict=True)],
