@@ -5,8 +5,9 @@ others, sampling draws from softmax(logits / T), and bad prompts are refused."""
 import pytest
 import torch
 from _tiny import ARCHITECTURES, tiny_causal_lm
+from transformers import DynamicCache
 
-from specprim.hf import reserved_cache
+from specprim.hf import cache_kwarg, reserved_cache
 from specprim.hf._reserved_cache import ReservedLayer
 from specprim.train._answers import _prefill, answer_prompts, pick_tokens, prefill_groups
 
@@ -61,7 +62,9 @@ def test_the_prefilled_cache_holds_each_prompt_as_if_run_alone(arch):
         _prefill(model, prompts, width, cache, torch.device("cpu"))
         for b, prompt in enumerate(prompts):
             n = len(prompt) - 1
-            alone = model(input_ids=torch.tensor([prompt[:-1]]), use_cache=True).past_key_values if n else None
+            alone = DynamicCache(config=model.config)
+            if n:
+                model(input_ids=torch.tensor([prompt[:-1]]), use_cache=True, **{cache_kwarg(model): alone})
             for layer, got in enumerate(cache.layers):  # got.keys: (B, H, width - 1, D)
                 assert not got.keys[b, :, :width - 1 - n].any() and not got.values[b, :, :width - 1 - n].any()
                 if n:

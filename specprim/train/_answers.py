@@ -19,6 +19,7 @@ from collections.abc import Collection, Sequence
 from typing import Any
 
 import torch
+from transformers import DynamicCache
 
 from specprim.hf import cache_kwarg, reserved_cache
 
@@ -92,8 +93,9 @@ def _prefill(target: Any, prompts: Sequence[Sequence[int]], width: int, cache: A
                            device=device)  # (g, longest) left-padded
         mask = (torch.arange(longest, device=device) >= longest - torch.tensor(lengths, device=device)[:, None]).long()
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # (g, longest)
-        states = target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                        logits_to_keep=1).past_key_values
+        states = DynamicCache(config=target.config)
+        target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
+               **{cache_kwarg(target): states})
         for layer, own in enumerate(states.layers):  # own: (g, H, longest, D)
             if len(heads) <= layer:
                 shape = (len(prompts), own.keys.shape[1], width - 1)
