@@ -79,13 +79,12 @@ def answer_prompts(target: Any, prompts: Sequence[Sequence[int]], *, max_new_tok
 
 def _prefill(target: Any, prompts: Sequence[Sequence[int]], width: int, cache: Any, device: torch.device, *,
              group_tokens: int = PREFILL_TOKENS) -> None:
-    """Fill ``cache`` with every prompt's keys and values but its last token's, right-aligned: prompt ``b``'s
-    (H, n, D) states in positions ``[width - 1 - n, width - 1)`` of row ``b``, zeros before them. Prompts run in
-    groups of about one length (:func:`prefill_groups`, at most ``group_tokens`` positions), left-padded within a
-    group."""
+    """Fill ``cache`` (a :func:`~specprim.hf.reserved_cache`, written through its layers' views) with every prompt's
+    keys and values but its last token's, right-aligned: prompt ``b``'s (H, n, D) states in positions
+    ``[width - 1 - n, width - 1)`` of row ``b``, zeros before them. Prompts run in groups of about one length
+    (:func:`prefill_groups`, at most ``group_tokens`` positions), left-padded within a group."""
     if width == 1:
         return  # nothing precedes the last tokens: the first decoding step fills the cache
-    heads: list[tuple[torch.Tensor, torch.Tensor]] = []  # per layer: (B, H, width - 1, D) keys and values
     for group in prefill_groups([len(p) - 1 for p in prompts], tokens=group_tokens):
         lengths = [len(prompts[b]) - 1 for b in group]
         longest = max(lengths)
@@ -96,17 +95,15 @@ def _prefill(target: Any, prompts: Sequence[Sequence[int]], width: int, cache: A
         states = DynamicCache(config=target.config)
         target(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1,
                **{cache_kwarg(target): states})
-        for layer, own in enumerate(states.layers):  # own: (g, H, longest, D)
-            if len(heads) <= layer:
-                shape = (len(prompts), own.keys.shape[1], width - 1)
-                heads.append((own.keys.new_zeros(*shape, own.keys.shape[-1]),
-                              own.values.new_zeros(*shape, own.values.shape[-1])))
-            keys, values = heads[layer]
+        for layer, own in enumerate(states.layers):  # own.keys: (g, H, longest, D)
+            if len(cache.layers) <= layer or cache.layers[layer].get_seq_length() == 0:  # room for all rows, zeroed
+                cache.update(own.keys.new_zeros(len(prompts), *own.keys.shape[1:2], width - 1, own.keys.shape[-1]),
+                             own.values.new_zeros(len(prompts), *own.values.shape[1:2], width - 1,
+                                                  own.values.shape[-1]), layer)
+            keys, values = cache.layers[layer].keys, cache.layers[layer].values  # (B, H, width - 1, D) views
             for row, (b, n) in enumerate(zip(group, lengths, strict=True)):
                 keys[b, :, width - 1 - n:] = own.keys[row, :, longest - n:]
                 values[b, :, width - 1 - n:] = own.values[row, :, longest - n:]
-    for layer, (keys, values) in enumerate(heads):
-        cache.update(keys, values, layer)
 
 
 def prefill_groups(lengths: Sequence[int], *, tokens: int = PREFILL_TOKENS, waste: float = PREFILL_WASTE
