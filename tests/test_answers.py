@@ -1,6 +1,6 @@
 """specprim.train._answers: prompts of unequal lengths prefilled alone or in groups of about one length and decoded
 together give each prompt the tokens of decoding it alone (greedy), finished rows are dropped without disturbing the
-others, sampling draws from softmax(logits / T), and bad prompts are refused."""
+others, sampling draws from softmax(logits / T), and bad prompts and settings are refused."""
 
 import pytest
 import torch
@@ -95,8 +95,11 @@ def test_sampling_draws_from_the_tempered_softmax():
     assert torch.equal(pick_tokens(logits[:2], 0.0), torch.tensor([0, 0]))
 
 
-def test_bad_prompts_are_refused():
+def test_bad_prompts_and_settings_are_refused():
     model = tiny_causal_lm("llama")
     for prompts in ([], [[3, 4], []]):
         with pytest.raises(ValueError, match="at least one token"):
             answer_prompts(model, prompts, max_new_tokens=2, temperature=0.0, eos_token_ids={0})
+    for steps, temperature in ((0, 0.0), (2, -1.0)):
+        with pytest.raises(ValueError, match="max_new_tokens must be >= 1 and temperature >= 0"):
+            answer_prompts(model, [[3, 4]], max_new_tokens=steps, temperature=temperature, eos_token_ids={0})

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 
 from specprim.hf import cache_kwarg, reserved_cache
 
-__all__ = ["answer_prompts", "pick_tokens"]
+__all__ = ["answer_prompts", "pick_tokens", "prefill_groups"]
 
 EVICT_SHARE = 8  # drop finished rows once they are at least 1/EVICT_SHARE of the batch
 PREFILL_TOKENS = 1024  # positions a prefill group holds (one prompt of 500 alone ran faster than 16 together)
@@ -46,6 +46,8 @@ def answer_prompts(target: Any, prompts: Sequence[Sequence[int]], *, max_new_tok
     ``max_new_tokens`` of them. The target's default cache must be one :func:`~specprim.hf.reserved_cache_fits`."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    if max_new_tokens < 1 or temperature < 0:
+        raise ValueError(f"max_new_tokens must be >= 1 and temperature >= 0, got {max_new_tokens} and {temperature}")
     device = target.get_input_embeddings().weight.device
     width = max(len(p) for p in prompts)
     cache = reserved_cache(width + max_new_tokens)
