@@ -10,7 +10,9 @@ make up an eighth of it.
 
 Each row's tokens are those of decoding it alone up to floating-point rounding: greedy takes the arg-max of the
 logits and sampling draws from ``softmax(logits / temperature)`` (no top-k, no top-p), the settings of
-``generate(do_sample=True, temperature=t, top_k=0, top_p=1.0)``.
+``generate(do_sample=True, temperature=t, top_k=0, top_p=1.0)``. Nothing else of the model's generation config
+(a repetition penalty, say) applies: the answers come from the target's own distribution, the one speculative
+decoding checks drafts against.
 """
 
 from __future__ import annotations

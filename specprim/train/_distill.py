@@ -39,7 +39,8 @@ def self_distill(
     """Regenerate the first ``max_turns`` assistant turns of every conversation with ``target``; append to ``path``.
 
     Line ``i`` of ``path`` is conversation ``i`` with its user turns (and system message) kept and its assistant
-    turns replaced by the target's answers (greedy when ``temperature == 0``, else sampled at ``temperature``);
+    turns replaced by the target's answers (greedy when ``temperature == 0``, else sampled at ``temperature``, from
+    the target's own logits: no repetition penalty or other setting of its generation config);
     later turns are dropped. Lines already in ``path`` are kept and their conversations skipped (resume), so the
     same call after an interruption completes the file. Prompts longer than ``max_prompt_tokens`` keep their last
     tokens. Batch ``b`` samples with seed ``seed + b``, so a resumed run equals an uninterrupted one.
