@@ -40,7 +40,8 @@ def self_distill(
 
     Line ``i`` of ``path`` is conversation ``i`` with its user turns (and system message) kept and its assistant
     turns replaced by the target's answers (greedy when ``temperature == 0``, else sampled at ``temperature``, from
-    the target's own logits: no repetition penalty or other setting of its generation config);
+    the target's own logits; a target with sliding-window or other not-full-attention layers answers through
+    ``generate``, which also applies its generation config's settings, a repetition penalty say);
     later turns are dropped. Lines already in ``path`` are kept and their conversations skipped (resume), so the
     same call after an interruption completes the file. Prompts longer than ``max_prompt_tokens`` keep their last
     tokens. Batch ``b`` samples with seed ``seed + b``, so a resumed run equals an uninterrupted one.
