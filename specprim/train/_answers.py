@@ -101,9 +101,9 @@ def _prefill(target: Any, prompts: Sequence[Sequence[int]], width: int, cache: A
                **{cache_kwarg(target): states})
         for layer, own in enumerate(states.layers):  # own.keys: (g, H, longest, D)
             if len(cache.layers) <= layer or cache.layers[layer].get_seq_length() == 0:  # room for all rows, zeroed
-                cache.update(own.keys.new_zeros(len(prompts), *own.keys.shape[1:2], width - 1, own.keys.shape[-1]),
-                             own.values.new_zeros(len(prompts), *own.values.shape[1:2], width - 1,
-                                                  own.values.shape[-1]), layer)
+                heads = own.keys.shape[1]
+                cache.update(own.keys.new_zeros(len(prompts), heads, width - 1, own.keys.shape[-1]),
+                             own.values.new_zeros(len(prompts), heads, width - 1, own.values.shape[-1]), layer)
             keys, values = cache.layers[layer].keys, cache.layers[layer].values  # (B, H, width - 1, D) views
             for row, (b, n) in enumerate(zip(group, lengths, strict=True)):
                 keys[b, :, width - 1 - n:] = own.keys[row, :, longest - n:]
