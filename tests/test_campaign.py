@@ -404,8 +404,11 @@ def test_a_campaign_on_the_sources_answers_keeps_them_and_holds_out_the_targets(
 def test_rates_are_recent_and_the_eta_counts_the_data_still_to_make():
     from specprim.train._campaign import _eta, _rate
 
-    assert _rate({"tokens": 10, "seconds": 100.0, "recent": [[50, 1.0], [150, 1.0]]}) == 100.0
+    assert _rate({"tokens": 10, "seconds": 100.0, "recent": [[50, 1.0], [150, 1.0]]}) == 150.0  # half the tokens
     assert _rate({"tokens": 100, "seconds": 50.0}) == 2.0 and _rate({}) is None
+    # a unit that ran while the job was stopped (100 tokens in 1,000 s) leaves the rate of the others
+    assert _rate({"recent": [[100, 1.0], [100, 1000.0], [120, 1.0], [110, 1.0]]}) == 110.0
+    assert _rate({"recent": [[0, 0.0]]}) is None
     rates = {"distill": 10.0, "cache": 100.0, "train": 50.0}
     assert _eta(100, 200, 2.0, 0.5, rates) == 2.0  # trainable on the data already cached
     # 100 more trained tokens need 50 more cached tokens: 25 generated at 10 tok/s, cached at 100 tok/s

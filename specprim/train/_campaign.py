@@ -1056,10 +1056,20 @@ def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
 
 
 def _rate(entry: dict[str, Any]) -> float | None:
-    """Tokens per second over the last ``_RECENT`` units of a stage (all of them in older files)."""
-    units = entry.get("recent") or [[entry.get("tokens", 0), entry.get("seconds", 0.0)]]
-    seconds = sum(s for _, s in units)
-    return sum(t for t, _ in units) / seconds if seconds else None
+    """Tokens per second of a stage: the token-weighted median of the rates of its last ``_RECENT`` units (the
+    totals in older files). A median, so that a unit that ran while the job was paused (``kill -STOP``) or shared
+    the machine does not drag the ETA down with it."""
+    units = [(t, s) for t, s in entry.get("recent") or [[entry.get("tokens", 0), entry.get("seconds", 0.0)]]
+             if t > 0 and s > 0]
+    if not units:
+        return None
+    units.sort(key=lambda unit: unit[0] / unit[1])
+    total, seen = sum(t for t, _ in units), 0
+    for tokens, seconds in units:
+        seen += tokens
+        if 2 * seen >= total:
+            break
+    return tokens / seconds
 
 
 def _eta(tokens: float, trainable: float, ratio: float, generated_per_cached: float,
