@@ -17,7 +17,7 @@ import torch
 
 from specprim._constrain import constrain_tree, mask_logits, unprune_verdict
 from specprim._stats import GenerationStats
-from specprim._types import DraftRequest, DraftTree, TargetFeatures, Verdict, truncate_tree
+from specprim._types import DraftRequest, DraftTree, TargetFeatures, Verdict, token_id_list, truncate_tree
 from specprim.constraints import ConstraintState
 from specprim.drafters import Drafter
 from specprim.sampling import SamplingConfig
@@ -175,10 +175,7 @@ def check_budget(max_new_tokens: object) -> int:
 
 def stop_token_ids(eos_token_id: int | Sequence[int] | None) -> torch.Tensor:
     """The stop tokens as a (k,) long tensor (empty for ``None``)."""
-    if eos_token_id is None:
-        return torch.empty(0, dtype=torch.long)
-    values = [eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)
-    return torch.tensor(values, dtype=torch.long)
+    return torch.tensor(token_id_list(eos_token_id), dtype=torch.long)
 
 
 def cut_at_stop(new: torch.Tensor, stop_ids: torch.Tensor | None) -> tuple[torch.Tensor, bool]:

@@ -10,6 +10,7 @@ the root's children, row ``i + 1`` the distribution of the children of node ``i`
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from functools import cached_property
 from typing import Literal, get_args
 
@@ -19,6 +20,14 @@ from specprim.sampling import SamplingConfig
 
 Sampling = Literal["iid", "without_replacement", "deterministic"]
 SAMPLING_SCHEMES: tuple[str, ...] = get_args(Sampling)
+
+
+def token_id_list(ids: int | Sequence[int] | None) -> list[int]:
+    """A token setting as configs write it (one id, several, or ``None`` for none) as a list of ids: the end
+    tokens of a model's config or generation config, say."""
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else [int(i) for i in ids]
 
 
 def validate_parents(parents: torch.Tensor | list[int]) -> list[int]:

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
+from specprim._types import token_id_list
 from specprim.drafters._checkpoint import load_head, register_head, save_head
 from specprim.drafters._vocab import check_d2t, draft_vocab, scatter_to_target
 from specprim.masks import additive_mask
@@ -201,7 +202,8 @@ class EagleHead(nn.Module):
             feature_layers=tuple(feature_layers or default_feature_layers(version, num_target_layers)),
             target_num_layers=num_target_layers, num_layers=num_layers,
         )
-        required = _eos_ids(target) if required_ids is None else required_ids
+        eos = target.config.get_text_config().eos_token_id
+        required = token_id_list(eos) if required_ids is None else required_ids
         head = cls(config, target)
         d2t = draft_vocab(vocab, config.draft_vocab_size, token_counts, required)
         with torch.no_grad():
@@ -454,11 +456,6 @@ def _target_dims(target: nn.Module) -> tuple[int, int]:
 
 def _num_target_layers(target: PreTrainedModel) -> int:
     return int(target.config.get_text_config().num_hidden_layers)
-
-
-def _eos_ids(target: PreTrainedModel) -> list[int]:
-    eos = target.config.get_text_config().eos_token_id
-    return [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
 
 
 def _check_target(config: EagleConfig, target: PreTrainedModel) -> None:

@@ -1065,11 +1065,11 @@ def _rate(entry: dict[str, Any]) -> float | None:
         return None
     units.sort(key=lambda unit: unit[0] / unit[1])
     total, seen = sum(t for t, _ in units), 0
-    for tokens, seconds in units:
-        seen += tokens
+    for unit in units:
+        seen += unit[0]
         if 2 * seen >= total:
-            break
-    return tokens / seconds
+            return unit[0] / unit[1]
+    return None  # not reached: the running total reaches half of it
 
 
 def _eta(tokens: float, trainable: float, ratio: float, generated_per_cached: float,

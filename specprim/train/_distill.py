@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from specprim._types import token_id_list
 from specprim.hf import reserved_cache_fits
 from specprim.train._answers import answer_prompts
 from specprim.train._data import Conversation
@@ -121,7 +122,7 @@ def _eos_ids(target: Any, tokenizer: Any) -> set[int]:
     configured = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
     if configured is None:
         configured = tokenizer.eos_token_id
-    ids = {configured} if isinstance(configured, int) else set(configured or ())
+    ids = set(token_id_list(configured))
     if not ids:
         raise ValueError("the target and its tokenizer name no end-of-sequence token")
     return ids
