@@ -218,9 +218,9 @@ def test_budget_stops_resume_exactly_and_status_counts_grow(tiny, whole):
 
 
 def test_compute_settings_follow_the_machine_and_may_change_on_resume(tiny, monkeypatch):
-    """``auto`` runs in the machine's native dtype; each shard records the dtype it was made in; other dtypes and
-    another self-distillation batch size on resume are saved and apply from then on, without retraining and keeping
-    the answers already written (the other settings are refused, tested below)."""
+    """``auto`` runs in the machine's native dtype; each shard records the dtype it was made in; other dtypes,
+    another self-distillation batch size or end on resume are saved and apply from then on, without retraining and
+    keeping the answers already written (the other settings are refused, tested below)."""
     from specprim import models
 
     monkeypatch.setattr(models, "native_dtype", lambda: "float32")  # e.g. an AVX2-only CPU
@@ -234,11 +234,11 @@ def test_compute_settings_follow_the_machine_and_may_change_on_resume(tiny, monk
     assert len(first_batch) == campaign.data.batch_size
     moved = dataclasses.replace(campaign, feature_dtype="bfloat16",
                                 data=dataclasses.replace(campaign.data, batch_size=3),
-                                head=dataclasses.replace(campaign.head, mixed_precision="auto"))
+                                head=dataclasses.replace(campaign.head, mixed_precision="auto", max_train_tokens=900))
     for _ in range(4):  # unit by unit: the rest of shard 0's answers, then its features in bfloat16
         run_campaign(moved, max_items=1, log=lines.append)
-    assert ("from now on feature_dtype: 'auto' -> 'bfloat16'; batch_size: 2 -> 3; mixed_precision: 'no' -> 'auto' "
-            "(what is done keeps its own)") in lines
+    assert ("from now on feature_dtype: 'auto' -> 'bfloat16'; batch_size: 2 -> 3; mixed_precision: 'no' -> 'auto'; "
+            "max_train_tokens: 700 -> 900 (what is done keeps its own)") in lines
     answered = (run / "shards" / "00000" / "distilled.jsonl").read_text().splitlines()
     assert answered[:2] == first_batch and len(answered) == 4
     assert json.loads((run / "campaign.json").read_text())["feature_dtype"] == "bfloat16"

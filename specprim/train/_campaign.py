@@ -62,8 +62,9 @@ __all__ = [
 DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
 _DTYPES = ("auto", "float32", "bfloat16")
-# how the target and the head compute, not what: they may change when a run resumes
-_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype", "data.batch_size", "head.mixed_precision")
+# how the target and the head compute and when the campaign ends, not what it computes: may change on resume
+_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype", "data.batch_size", "head.mixed_precision",
+                     "head.max_train_tokens")
 _GENERATED_PER_CACHED = {"target": 0.7, "source": 0.0}  # generated tokens per cached token before any is known
 _RECENT = 20  # units of work the rates of `campaign status` are measured over
 _SHINGLE = 8  # words in a row shared with a benchmark question that exclude a conversation
@@ -170,7 +171,8 @@ class CampaignHead:
         segment_steps: most optimizer steps between two held-out evaluations.
         checkpoint_every, log_every: in steps (``train/checkpoint``, ``train/log.jsonl``).
         milestones: trained-token counts at which the head is copied to ``milestones/<label>/``.
-        max_train_tokens: the campaign ends after this many trained tokens (default: the last milestone).
+        max_train_tokens: the campaign ends after this many trained tokens (default: the last milestone). It may
+            change when a run resumes (a finished run taken further).
         seed: data order of training and initialisation.
     """
 
@@ -237,9 +239,10 @@ class Campaign:
         distill_dtype, feature_dtype: the target's dtype while answering and while computing features: ``"auto"``
             (:func:`specprim.models.native_dtype`, decided by the machine each run resumes on), ``"float32"`` or
             ``"bfloat16"`` (packed weights on a CPU that can pack them). The head trains against a float32 target.
-            Unlike the other settings, these, ``data.batch_size`` and ``head.mixed_precision`` may change when a
-            run resumes (a campaign moved to a machine without native bfloat16, or with room for larger batches);
-            each shard records the dtype it was made in.
+            Unlike the other settings, these, ``data.batch_size``, ``head.mixed_precision`` and
+            ``head.max_train_tokens`` may change when a run resumes (a campaign moved to a machine without native
+            bfloat16, or with room for larger batches; a run to be taken further); each shard records the dtype it
+            was made in.
     """
 
     target: str

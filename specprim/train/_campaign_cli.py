@@ -122,7 +122,8 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     head.add_argument("--log-every")
     head.add_argument("--milestones", help="trained-token counts of head snapshots, comma-separated "
                                            "(default 5e5,1e6,2e6,5e6,1e7)")
-    head.add_argument("--max-train-tokens", help="end after this many trained tokens (default: the last milestone)")
+    head.add_argument("--max-train-tokens", help="end after this many trained tokens (default: the last milestone; "
+                      "may change when a run resumes)")
     head.add_argument("--seed")
     run.add_argument("--retrain", action="store_true",
                      help="accept changed head settings: the training so far moves to RUN_DIR/retrained-N/ and the "
