@@ -27,7 +27,9 @@ at any moment continues exactly where it stopped and ends with the files an unin
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
+import itertools
 import json
 import math
 import operator
@@ -63,7 +65,7 @@ DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
 _DTYPES = ("auto", "float32", "bfloat16")
 # how the target and the head compute and when the campaign ends, not what it computes: may change on resume
-_COMPUTE_SETTINGS = ("distill_dtype", "feature_dtype", "data.batch_size", "head.mixed_precision",
+_RESUME_SETTINGS = ("distill_dtype", "feature_dtype", "data.batch_size", "head.mixed_precision",
                      "head.max_train_tokens")
 _GENERATED_PER_CACHED = {"target": 0.7, "source": 0.0}  # generated tokens per cached token before any is known
 _RECENT = 20  # units of work the rates of `campaign status` are measured over
@@ -281,20 +283,21 @@ class Campaign:
 
 
 def _settings_differ(a: Campaign, b: Campaign) -> list[str]:
-    """``field: old -> new`` for every setting that differs (run directory and compute settings aside)."""
+    """``field: old -> new`` for every setting that differs (run directory and the settings that may change on
+    resume aside)."""
     out = [f"target: {a.target!r} -> {b.target!r}"] if a.target != b.target else []
     for part in ("data", "head"):
         for field in dataclasses.fields(getattr(a, part)):
             old, new = getattr(getattr(a, part), field.name), getattr(getattr(b, part), field.name)
-            if old != new and f"{part}.{field.name}" not in _COMPUTE_SETTINGS:
+            if old != new and f"{part}.{field.name}" not in _RESUME_SETTINGS:
                 out.append(f"{field.name}: {old!r} -> {new!r}")
     return out
 
 
-def _compute_changes(a: Campaign, b: Campaign) -> list[str]:
-    """``field: old -> new`` for the compute settings that differ (allowed on resume)."""
+def _resume_changes(a: Campaign, b: Campaign) -> list[str]:
+    """``field: old -> new`` for the settings that differ and may change on resume."""
     out = []
-    for name in _COMPUTE_SETTINGS:
+    for name in _RESUME_SETTINGS:
         old, new = operator.attrgetter(name)(a), operator.attrgetter(name)(b)
         if old != new:
             out.append(f"{name.rpartition('.')[2]}: {old!r} -> {new!r}")
@@ -919,9 +922,9 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     The budget stops the run before the next unit of work (a self-distillation batch, a shard's feature cache or
     a training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
     continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
-    ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (other compute settings:
-    dtypes, the self-distillation batch size and mixed precision, are saved and apply to the work still to do),
-    unless only the head's settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``,
+    ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (the settings that may
+    change on resume: dtypes, the self-distillation batch size, mixed precision and ``max_train_tokens``, are saved
+    and apply to the work still to do), unless only the head's settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``,
     ``milestones/``) then moves to ``retrained-<n>/`` and the head trains again from the start on the data already
     made. Returns the :func:`campaign_status` at the end.
     """
@@ -938,7 +941,7 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
         conflict = settings_conflict(saved, campaign, retrain)
         if conflict:
             raise ValueError(conflict)
-        differ, compute = _settings_differ(saved, campaign), _compute_changes(saved, campaign)
+        differ, compute = _settings_differ(saved, campaign), _resume_changes(saved, campaign)
         if differ:
             archive = run_dir / f"retrained-{1 + len(list(run_dir.glob('retrained-*')))}"
             archive.mkdir()
@@ -1067,12 +1070,9 @@ def _rate(entry: dict[str, Any]) -> float | None:
     if not units:
         return None
     units.sort(key=lambda unit: unit[0] / unit[1])
-    total, seen = sum(t for t, _ in units), 0
-    for unit in units:
-        seen += unit[0]
-        if 2 * seen >= total:
-            return unit[0] / unit[1]
-    return None  # not reached: the running total reaches half of it
+    cumulative = list(itertools.accumulate(t for t, _ in units))
+    middle = bisect.bisect_left(cumulative, cumulative[-1] / 2)  # the first unit reaching half of all tokens
+    return units[middle][0] / units[middle][1]
 
 
 def _eta(tokens: float, trainable: float, ratio: float, generated_per_cached: float,
