@@ -919,14 +919,14 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
                  retrain: bool = False) -> CampaignStatus:
     """Run (or resume) ``campaign`` until it ends, its data runs out, or the budget is spent.
 
-    The budget stops the run before the next unit of work (a self-distillation batch, a shard's feature cache or
-    a training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
+    The budget stops the run before the next unit of work (a self-distillation batch, a shard's feature cache or a
+    training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
     continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
     ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (the settings that may
     change on resume: dtypes, the self-distillation batch size, mixed precision and ``max_train_tokens``, are saved
-    and apply to the work still to do), unless only the head's settings differ and ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``,
-    ``milestones/``) then moves to ``retrained-<n>/`` and the head trains again from the start on the data already
-    made. Returns the :func:`campaign_status` at the end.
+    and apply to the work still to do), unless only the head's settings differ and ``retrain`` is set: the training
+    so far (``train/``, ``eval.jsonl``, ``milestones/``) then moves to ``retrained-<n>/`` and the head trains again
+    from the start on the data already made. Returns the :func:`campaign_status` at the end.
     """
     if max_seconds is not None and max_seconds < 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds}")

@@ -1,4 +1,4 @@
-"""``specprim campaign run | status``: the command-line front of :mod:`specprim.train._campaign`."""
+"""``specprim campaign run | status | curve | tau``: the command-line front of :mod:`specprim.train._campaign`."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ _OPTIONS = {
 
 
 def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """Add the ``campaign`` sub-command (``run``, ``status``) to ``specprim``'s sub-parsers and return its parser."""
+    """Add the ``campaign`` sub-command (``run``, ``status``, ``curve``, ``tau``) to ``specprim``'s sub-parsers and
+    return its parser."""
     parser = commands.add_parser(
         "campaign", help="a resumable, many-hour training campaign for an EAGLE-3 head (growing self-distilled data)",
         description="Self-distillation in shards -> target features per shard -> training over every shard so far, "
@@ -145,6 +146,24 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     curve.add_argument("--png", help="write the curve as a PNG here (needs matplotlib)")
     curve.add_argument("--markdown", help="write the table as markdown here (it is printed either way)")
     curve.set_defaults(func=curve_command)
+    tau = actions.add_parser(
+        "tau", help="tau in decoding of the campaign's heads (its start, each milestone, the latest)",
+        description="Speculative decoding with each head of RUN_DIR on the first turns of a benchmark; every "
+                    "measurement is kept in RUN_DIR/tau.jsonl and none is made twice, so rerun it as milestones "
+                    "come. `campaign curve` shows the numbers beside the held-out ones.")
+    tau.add_argument("run_dir")
+    tau.add_argument("--prompts", default="mt-bench",
+                     help="a built-in dataset's name or a JSONL prompts file (default mt-bench; first turns only)")
+    tau.add_argument("--num-prompts", type=int, default=30, help="default 30")
+    tau.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    tau.add_argument("--shape", action="append", dest="shapes", metavar="TEMPERATURE:TREE",
+                     help="a temperature and a tree, e.g. 0:dynamic:depth=5,top_k=4,budget=8 (the default) or "
+                          "1:sampled:2,1,1,1; repeat for several")
+    tau.add_argument("--dtype", choices=("float32", "bfloat16"),
+                     help="the target's dtype (default: bfloat16 where this machine computes it natively, else "
+                          "float32)")
+    tau.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    tau.set_defaults(func=tau_command)
     return parser
 
 
@@ -248,6 +267,28 @@ def curve_command(args: argparse.Namespace) -> int:
         plot_scaling({Path(run_dir).name: rows for run_dir, rows in runs.items()}, args.png,
                      title="campaign " + ", ".join(Path(run_dir).name for run_dir in args.run_dirs))
         print(f"curve: {args.png}")
+    return 0
+
+
+def tau_command(args: argparse.Namespace) -> int:
+    from specprim.train._campaign_tau import DEFAULT_SHAPES, measure_campaign_tau, parse_shape
+
+    require_campaign(args.run_dir)
+    at_least("--num-prompts", args.num_prompts, 1)
+    at_least("--max-new-tokens", args.max_new_tokens, 1)
+    at_least("--threads", args.threads, 1)
+    with as_usage_error():
+        shapes = [parse_shape(text) for text in args.shapes] if args.shapes else list(DEFAULT_SHAPES)
+    import torch
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    dtype = args.dtype or models.native_dtype()
+    rows = measure_campaign_tau(args.run_dir, prompts=args.prompts, num_prompts=args.num_prompts,
+                                max_new_tokens=args.max_new_tokens, shapes=shapes, dtype=dtype,
+                                log=lambda line: print(line, flush=True))
+    print(f"{len(rows)} measurements in {Path(args.run_dir) / 'tau.jsonl'}; `specprim campaign curve "
+          f"{args.run_dir}` shows them")
     return 0
 
 

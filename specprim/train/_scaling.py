@@ -1,5 +1,6 @@
-"""A campaign's scaling curve: held-out top-1 by draft depth against tokens trained, from its ``eval.jsonl``, as a
-markdown table and a PNG (``specprim campaign curve RUN_DIR [RUN_DIR ...]``; several runs share one chart)."""
+"""A campaign's scaling curve: held-out top-1 by draft depth against tokens trained, from its ``eval.jsonl``, and the
+heads' tau in decoding where ``specprim campaign tau`` measured it (``tau.jsonl``), as a markdown table and a PNG
+(``specprim campaign curve RUN_DIR [RUN_DIR ...]``; several runs share one chart)."""
 
 from __future__ import annotations
 
@@ -15,40 +16,60 @@ from specprim._pyplot import pyplot
 def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """One row per evaluation in ``RUN_DIR/eval.jsonl`` (the initial head first), in order of tokens trained:
     ``trained_tokens``, ``data_tokens``, ``acc`` (top-1 by depth), ``chain_tau`` (``1 + sum of chain_k``: the mean
-    accepted length of a greedy chain as deep as the head was evaluated, teacher-forced). Raises ``ValueError`` when
-    the run has no evaluation yet."""
+    accepted length of a greedy chain as deep as the head was evaluated, teacher-forced) and ``tau`` (decoding
+    setting -> tau of the head at those tokens, from ``RUN_DIR/tau.jsonl``; empty where none was measured). Raises
+    ``ValueError`` when the run has no evaluation yet."""
     path = Path(run_dir) / "eval.jsonl"
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
     if not records:
         raise ValueError(f"no held-out evaluation in {path} yet (the campaign writes one per training segment)")
+    taus: dict[int, dict[str, float]] = {}
+    tau_path = Path(run_dir) / "tau.jsonl"
+    for line in tau_path.read_text().splitlines() if tau_path.is_file() else []:
+        if line.strip():
+            measured = json.loads(line)
+            taus.setdefault(measured["trained_tokens"], {})[tau_label(measured)] = measured["tau"]
     rows = []
     for record in sorted(records, key=lambda r: (r["trained_tokens"], r["segment"])):
         depths = sorted(int(key.split("_")[1]) for key in record if key.startswith("acc_"))
         rows.append({"segment": record["segment"], "trained_tokens": record["trained_tokens"],
                      "data_tokens": record["data_tokens"], "acc": [record[f"acc_{k}"] for k in depths],
-                     "chain_tau": 1 + sum(record[f"chain_{k}"] for k in depths)})
+                     "chain_tau": 1 + sum(record[f"chain_{k}"] for k in depths),
+                     "tau": taus.get(record["trained_tokens"], {})})
     return rows
+
+
+def tau_label(measured: Mapping[str, Any]) -> str:
+    """The decoding setting of a ``tau.jsonl`` row, as a column heading: ``"mt-bench tau, T=0, chain:4"``."""
+    return f"{Path(measured['prompts']).name} tau, T={measured['temperature']:g}, {measured['tree']}"
 
 
 def scaling_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a markdown table."""
     depths = max(len(row["acc"]) for row in rows)
+    settings = _tau_settings(rows)
     header = ["tokens trained", "distinct data tokens", *[f"top-1 depth {k}" for k in range(1, depths + 1)],
-              "greedy chain tau (teacher-forced)"]
+              "greedy chain tau (teacher-forced)", *settings]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [f"{row['trained_tokens']:,}", f"{row['data_tokens']:,}", *[f"{a:.3f}" for a in row["acc"]],
-                 f"{row['chain_tau']:.2f}"]
+                 f"{row['chain_tau']:.2f}",
+                 *[f"{row['tau'][s]:.2f}" if s in row.get("tau", {}) else "" for s in settings]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
 def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLike[str], title: str = "") -> Path:
     """A PNG of held-out top-1 by depth against tokens trained: one colour per run (``runs``: label -> its rows),
-    one line style per depth, so several campaigns (other data, a larger head) compare on one chart."""
+    one line style per depth, so several campaigns (other data, a larger head) compare on one chart; beside it, where
+    any was measured, the heads' tau in decoding (one line style per setting)."""
     plt = pyplot()
     several = len(runs) > 1
-    fig, ax = plt.subplots(figsize=(9.0 if several else 5.5, 4.2))
+    settings = list(dict.fromkeys(s for rows in runs.values() for s in _tau_settings(rows)))
+    width = 9.0 if several else 5.5
+    fig, axes = plt.subplots(1, 2 if settings else 1, figsize=(width + (5.0 if settings else 0.0), 4.2),
+                             squeeze=False)
+    ax = axes[0][0]
     styles = ("-", "--", ":", "-.")
     for r, (label, rows) in enumerate(runs.items()):
         colour = f"C{r % 10}"
@@ -70,7 +91,31 @@ def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLi
         ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=8)
+    if settings:
+        _plot_tau(axes[0][1], runs, settings)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return Path(path)
+
+
+def _tau_settings(rows: list[dict[str, Any]]) -> list[str]:
+    """The decoding settings measured for any of ``rows``, in order of first appearance."""
+    return list(dict.fromkeys(setting for row in rows for setting in row.get("tau", {})))
+
+
+def _plot_tau(ax: Any, runs: Mapping[str, list[dict[str, Any]]], settings: list[str]) -> None:
+    """tau against tokens trained: one colour per run, one line style per decoding setting."""
+    styles = ("-", "--", ":", "-.")
+    for r, (label, rows) in enumerate(runs.items()):
+        for k, setting in enumerate(settings):
+            points = [(row["trained_tokens"], row["tau"][setting]) for row in rows if setting in row.get("tau", {})]
+            if points:
+                ax.plot([t for t, _ in points], [tau for _, tau in points], marker="s", markersize=3,
+                        color=f"C{r % 10}", linestyle=styles[k % len(styles)],
+                        label=f"{label}, {setting}" if len(runs) > 1 else setting)
+    ax.set_xscale("symlog", linthresh=1e5)
+    ax.set_xlabel("tokens trained")
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.legend(fontsize=6)
+    ax.grid(alpha=0.3)

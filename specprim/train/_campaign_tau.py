@@ -1,0 +1,144 @@
+"""A campaign's heads measured in decoding: tau (tokens per target forward, the bonus token included) of each
+milestone copy, of the head it started from and of its latest head, on a benchmark's first turns
+(``specprim campaign tau RUN_DIR``).
+
+Held-out top-1 (``eval.jsonl``) is teacher-forced; tau is what a user of the head gets. Each measurement is one line
+of ``RUN_DIR/tau.jsonl``, written as soon as it is made and never made twice for the same head and settings, so the
+command can be stopped at any moment, rerun after more milestones, and :mod:`specprim.train._scaling` puts the
+numbers beside the held-out curve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from specprim import presets
+from specprim.bench import conversation_ids, load_dataset, read_prompts
+from specprim.models import load, load_head
+from specprim.train._campaign import _read_json, _read_jsonl, _write_text, load_campaign
+from specprim.trees import parse_tree
+
+__all__ = ["DEFAULT_SHAPES", "TAU_NAME", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau",
+           "parse_shape"]
+
+TAU_NAME = "tau.jsonl"
+
+
+@dataclass(frozen=True)
+class TauShape:
+    """One decoding setting: a sampling temperature and a tree spec (:func:`specprim.trees.parse_tree`)."""
+
+    temperature: float
+    tree: str
+
+    @property
+    def label(self) -> str:
+        return f"T={self.temperature:g} {self.tree}"
+
+
+DEFAULT_SHAPES = (TauShape(0.0, "dynamic:depth=5,top_k=4,budget=8"),)  # greedy, 8 verified nodes
+
+
+def parse_shape(text: str) -> TauShape:
+    """``"0:dynamic:depth=5,top_k=4,budget=8"`` -> ``TauShape(0.0, "dynamic:...")``: a temperature, a colon, a tree.
+    ``ValueError`` naming what is wrong."""
+    temperature, colon, tree = text.partition(":")
+    try:
+        value = float(temperature)
+    except ValueError:
+        value = -1.0
+    if not colon or value < 0:
+        raise ValueError(f"a shape is TEMPERATURE:TREE (e.g. 0:chain:4 or 1:sampled:2,1,1), got {text!r}")
+    parse_tree(tree)  # raises ValueError for a bad tree
+    return TauShape(value, tree)
+
+
+@dataclass(frozen=True)
+class CampaignHead:
+    """A head of a campaign: ``label`` (``"start"``, a milestone's label or ``"latest"``), the tokens it was trained
+    on in the campaign and where it is (a directory, or a shipped head's name for the start)."""
+
+    label: str
+    trained_tokens: int
+    location: str
+
+
+def campaign_heads(run_dir: str | os.PathLike[str]) -> list[CampaignHead]:
+    """The heads of the campaign in ``run_dir`` in order of tokens trained: the head it continued (``init_from``,
+    0 tokens), each milestone copy, and the latest head unless a milestone holds the same one or a training
+    segment is unfinished (the latest head then changes under the reader)."""
+    directory = Path(run_dir)
+    campaign = load_campaign(directory)
+    heads = []
+    if campaign.head.init_from is not None:
+        heads.append(CampaignHead("start", 0, campaign.head.init_from))
+    for info in sorted((directory / "milestones").glob("*/milestone.json")):
+        heads.append(CampaignHead(info.parent.name, int(json.loads(info.read_text())["trained_tokens"]),
+                                  os.fspath(info.parent)))
+    segment = _read_json(directory / "train" / "segment.json")
+    records = _read_jsonl(directory / "eval.jsonl")
+    if segment is not None and segment["done"] and records and (directory / "train" / "head").is_dir():
+        tokens = max(records, key=lambda r: r["segment"])["trained_tokens"]
+        if tokens > 0 and all(head.trained_tokens != tokens for head in heads):
+            heads.append(CampaignHead("latest", tokens, os.fspath(directory / "train" / "head")))
+    return sorted(heads, key=lambda head: head.trained_tokens)
+
+
+def measure_campaign_tau(run_dir: str | os.PathLike[str], *, prompts: str = "mt-bench", num_prompts: int = 30,
+                         max_new_tokens: int = 64, shapes: Sequence[TauShape] = DEFAULT_SHAPES,
+                         dtype: str = "float32", log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Measure tau for every head of :func:`campaign_heads` at every shape that ``RUN_DIR/tau.jsonl`` lacks, on the
+    first turns of ``num_prompts`` prompts (a built-in dataset's name or a JSONL prompts file), ``max_new_tokens``
+    each, the campaign's target loaded in ``dtype``; sampled shapes draw with one seed per prompt. Returns every
+    row of the file afterwards (the ones measured before included)."""
+    if num_prompts < 1 or max_new_tokens < 1:
+        raise ValueError(f"num_prompts and max_new_tokens must be >= 1, got {num_prompts} and {max_new_tokens}")
+    directory = Path(run_dir)
+    campaign = load_campaign(directory)
+    path = directory / TAU_NAME
+    rows = _read_jsonl(path)
+    settings = {"prompts": prompts, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "dtype": dtype}
+    done = {_key(row) for row in rows}
+    todo = [(head, shape) for head in campaign_heads(directory) for shape in shapes
+            if _key({"head": head.label, "trained_tokens": head.trained_tokens, "temperature": shape.temperature,
+                     "tree": shape.tree, **settings}) not in done]
+    if not todo:
+        log(f"tau: nothing to measure ({len(rows)} rows in {path})")
+        return rows
+    chosen = read_prompts(prompts) if Path(prompts).is_file() else load_dataset(prompts, num_prompts)
+    target, tokenizer = load(campaign.target, dtype=getattr(torch, dtype))
+    ids = [conversation_ids(tokenizer, prompt.turns[:1], []) for prompt in chosen[:num_prompts]]
+    options = {"max_new_tokens": max_new_tokens, "eos_token_id": tokenizer.eos_token_id}
+    loaded: dict[str, Any] = {}
+    for head, shape in todo:
+        if head.location not in loaded:
+            loaded = {head.location: load_head(head.location, target)}
+        method = presets.eagle3(loaded[head.location], parse_tree(shape.tree))
+        started = time.perf_counter()
+        accepted = steps = 0
+        for i, prompt_ids in enumerate(ids):
+            out = method.generate(target, prompt_ids, generator=torch.Generator().manual_seed(i), **options,
+                                  **({"temperature": shape.temperature} if shape.temperature > 0 else {}))
+            accepted, steps = accepted + sum(out.stats.accepted), steps + out.stats.steps
+        row = {"head": head.label, "trained_tokens": head.trained_tokens, "temperature": shape.temperature,
+               "tree": shape.tree, **settings, "tau": (accepted + steps) / steps, "steps": steps,
+               "seconds": round(time.perf_counter() - started, 1)}
+        rows.append(row)
+        _write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+        log(f"tau: {head.label} ({head.trained_tokens:,} tokens trained), {shape.label}: {row['tau']:.3f} "
+            f"over {steps} target forwards ({row['seconds']} s)")
+    return rows
+
+
+def _key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["head"], row["trained_tokens"], row["temperature"], row["tree"], row["prompts"], row["num_prompts"],
+            row["max_new_tokens"], row["dtype"])
+
