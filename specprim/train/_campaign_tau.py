@@ -107,9 +107,8 @@ def measure_campaign_tau(run_dir: str | os.PathLike[str], *, prompts: str = "mt-
     rows = _read_jsonl(path)
     settings = {"prompts": prompts, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "dtype": dtype}
     done = {_key(row) for row in rows}
-    todo = [(head, shape) for head in campaign_heads(directory) for shape in shapes
-            if _key({"head": head.label, "trained_tokens": head.trained_tokens, "temperature": shape.temperature,
-                     "tree": shape.tree, **settings}) not in done]
+    todo = {head: missing for head in campaign_heads(directory)
+            if (missing := [shape for shape in shapes if _key(_setting(head, shape, settings)) not in done])}
     if not todo:
         log(f"tau: nothing to measure ({len(rows)} rows in {path})")
         return rows
@@ -117,25 +116,36 @@ def measure_campaign_tau(run_dir: str | os.PathLike[str], *, prompts: str = "mt-
     target, tokenizer = load(campaign.target, dtype=getattr(torch, dtype))
     ids = [conversation_ids(tokenizer, prompt.turns[:1], []) for prompt in chosen[:num_prompts]]
     options = {"max_new_tokens": max_new_tokens, "eos_token_id": tokenizer.eos_token_id}
-    loaded: dict[str, Any] = {}
-    for head, shape in todo:
-        if head.location not in loaded:
-            loaded = {head.location: load_head(head.location, target)}
-        method = presets.eagle3(loaded[head.location], parse_tree(shape.tree))
-        started = time.perf_counter()
-        accepted = steps = 0
-        for i, prompt_ids in enumerate(ids):
-            out = method.generate(target, prompt_ids, generator=torch.Generator().manual_seed(i), **options,
-                                  **({"temperature": shape.temperature} if shape.temperature > 0 else {}))
-            accepted, steps = accepted + sum(out.stats.accepted), steps + out.stats.steps
-        row = {"head": head.label, "trained_tokens": head.trained_tokens, "temperature": shape.temperature,
-               "tree": shape.tree, **settings, "tau": (accepted + steps) / steps, "steps": steps,
-               "seconds": round(time.perf_counter() - started, 1)}
-        rows.append(row)
-        _write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
-        log(f"tau: {head.label} ({head.trained_tokens:,} tokens trained), {shape.label}: {row['tau']:.3f} "
-            f"over {steps} target forwards ({row['seconds']} s)")
+    for head, missing in todo.items():
+        drafter = load_head(head.location, target)
+        for shape in missing:
+            started = time.perf_counter()
+            tau, steps = _tau(presets.eagle3(drafter, parse_tree(shape.tree)), target, ids, shape.temperature,
+                              options)
+            row = {**_setting(head, shape, settings), "tau": tau, "steps": steps,
+                   "seconds": round(time.perf_counter() - started, 1)}
+            rows.append(row)
+            _write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+            log(f"tau: {head.label} ({head.trained_tokens:,} tokens trained), {shape.label}: {tau:.3f} "
+                f"over {steps} target forwards ({row['seconds']} s)")
     return rows
+
+
+def _tau(method: Any, target: Any, ids: Sequence[torch.Tensor], temperature: float, options: dict[str, Any]
+         ) -> tuple[float, int]:
+    """(tau, target forwards) of ``method`` over the prompts ``ids``, each (1, T), one seed per prompt."""
+    accepted = steps = 0
+    for i, prompt_ids in enumerate(ids):
+        out = method.generate(target, prompt_ids, generator=torch.Generator().manual_seed(i), **options,
+                              **({"temperature": temperature} if temperature > 0 else {}))
+        accepted, steps = accepted + sum(out.stats.accepted), steps + out.stats.steps
+    return (accepted + steps) / steps, steps
+
+
+def _setting(head: CampaignHead, shape: TauShape, settings: dict[str, Any]) -> dict[str, Any]:
+    """What a ``tau.jsonl`` row was measured with: the head, its tokens, the shape and the prompts' settings."""
+    return {"head": head.label, "trained_tokens": head.trained_tokens, "temperature": shape.temperature,
+            "tree": shape.tree, **settings}
 
 
 def _key(row: dict[str, Any]) -> tuple[Any, ...]:
