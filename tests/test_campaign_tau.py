@@ -108,5 +108,6 @@ def test_the_command_measures_and_bad_options_give_a_one_line_error(run, capsys)
 def test_parse_shape():
     assert parse_shape("0:dynamic:depth=5,top_k=4,budget=8") == TauShape(0.0, "dynamic:depth=5,top_k=4,budget=8")
     assert parse_shape("1:sampled:2,1").label == "T=1 sampled:2,1"
-    with pytest.raises(ValueError, match="TEMPERATURE:TREE"):
-        parse_shape("chain:2")
+    for bad in ("chain:2", "-1:chain:2", "nan:chain:2", "inf:chain:2", "0"):
+        with pytest.raises(ValueError, match="TEMPERATURE:TREE"):
+            parse_shape(bad)

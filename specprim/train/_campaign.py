@@ -47,6 +47,15 @@ import torch
 from specprim.train._data import Conversation, load_conversations, render_all
 from specprim.train._distill import self_distill
 from specprim.train._features import MANIFEST, FeatureDataset, build_feature_cache
+from specprim.train._run_files import (
+    EVAL_NAME,
+    complete_lines,
+    read_json,
+    read_jsonl,
+    write_json,
+    write_jsonl,
+    write_text,
+)
 from specprim.train._trainer import STATE_NAME, TrainConfig, train
 
 __all__ = [
@@ -329,42 +338,6 @@ def load_campaign(run_dir: str | os.PathLike[str]) -> Campaign:
     return Campaign.from_json({**record, "run_dir": os.fspath(run_dir)})
 
 
-# ------------------------------------------------------------------------------------------------ files
-
-
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staged = path.with_name(f".{path.name}.tmp")
-    staged.write_text(text, encoding="utf-8")
-    os.replace(staged, path)
-
-
-def _write_json(path: Path, record: Any) -> None:
-    _write_text(path, json.dumps(record, indent=1) + "\n")
-
-
-def _read_json(path: Path) -> Any:
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def _read_jsonl(path: Path) -> list[Any]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def _complete_lines(path: Path) -> int:
-    """Cut ``path`` after its last complete line (a kill can leave half a line) and count its lines."""
-    if not path.is_file():
-        return 0
-    data = path.read_bytes()
-    keep = data[: data.rfind(b"\n") + 1]
-    if len(keep) != len(data):
-        with open(path, "r+b") as f:
-            f.truncate(len(keep))
-    return keep.count(b"\n")
-
-
 # ------------------------------------------------------------------------------------------------ order
 
 
@@ -611,11 +584,11 @@ class _Runner:
 
     def order(self) -> dict[str, Any]:
         path = self.dir / "order.json"
-        order = _read_json(path)
+        order = read_json(path)
         if order is None:
             excluded = benchmark_shingles(self.data.exclude_benchmarks)
             order = plan_order(self.conversations(), self.data, excluded)
-            _write_json(path, order)
+            write_json(path, order)
             self.log(f"order: {len(order['train'])} training and {len(order['holdout'])} held-out conversations "
                      f"({order['benchmark_overlaps']} left out for overlapping a benchmark question)")
         return order
@@ -638,8 +611,8 @@ class _Runner:
             return
         partial = directory / ".distilled.jsonl.partial"
         partial.touch()
-        done = _complete_lines(partial)
-        written = _read_jsonl(partial)
+        done = complete_lines(partial)
+        written = read_jsonl(partial)
         todo = [todo[i] for i in distill_order(todo, written)]
         generated = _generated_tokens(self.tokenizer, written)
         size = self.data.batch_size
@@ -653,7 +626,7 @@ class _Runner:
                          batch_size=size, temperature=shard.temperature, max_turns=self.data.max_turns,
                          seed=shard.seed, progress=False)
             seconds = time.perf_counter() - started
-            new = _generated_tokens(self.tokenizer, _read_jsonl(partial)[done:upto])
+            new = _generated_tokens(self.tokenizer, read_jsonl(partial)[done:upto])
             generated += new
             self._add_rate("distill", new, seconds)
             done = upto
@@ -661,7 +634,7 @@ class _Runner:
             self.log(f"shard {shard.name} (temperature {shard.temperature:g}): self-distilled {done}/{len(todo)} "
                      f"conversations, {generated:,} tokens ({new / max(seconds, 1e-9):.0f} tok/s)")
             self.budget.tick()
-        _write_json(directory / "distilled.json", {
+        write_json(directory / "distilled.json", {
             "conversations": len(todo), "generated_tokens": generated, "temperature": shard.temperature,
             "pass": shard.pass_index, "seed": shard.seed, "dtype": resolved_dtype(self.campaign.distill_dtype),
         })
@@ -671,11 +644,11 @@ class _Runner:
         """Stage 1 with ``answers="source"``: the trimmed conversations as they are, written in one go."""
         directory = self.shard_dir(shard)
         tokens = _generated_tokens(self.tokenizer, conversations)
-        _write_json(directory / "distilled.json", {
+        write_json(directory / "distilled.json", {
             "conversations": len(conversations), "generated_tokens": 0, "source_tokens": tokens, "answers": "source",
             "pass": shard.pass_index,
         })
-        _write_text(directory / "distilled.jsonl",  # last: its presence marks the stage done
+        write_text(directory / "distilled.jsonl",  # last: its presence marks the stage done
                     "".join(json.dumps(c, ensure_ascii=False) + "\n" for c in conversations))
         self.log(f"shard {shard.name}: kept the source's answers of {len(conversations)} conversations "
                  f"({tokens:,} assistant tokens)")
@@ -698,7 +671,7 @@ class _Runner:
         directory = self.shard_dir(shard)
         if (directory / "cached.json").is_file():
             return
-        conversations = _read_jsonl(directory / "distilled.jsonl")
+        conversations = read_jsonl(directory / "distilled.jsonl")
         examples = render_all(self.tokenizer, conversations, max_length=self.data.max_length)
         record = {"examples": len(examples), "tokens": sum(len(e.input_ids) for e in examples),
                   "assistant_tokens": sum(int(e.assistant_mask.sum()) for e in examples),
@@ -715,7 +688,7 @@ class _Runner:
             self.log(f"shard {shard.name}: features of {record['examples']} conversations, {record['tokens']:,} "
                      f"tokens ({(record['tokens'] - before) / max(seconds, 1e-9):.0f} tok/s)")
             self.budget.tick()
-        _write_json(directory / "cached.json", record)
+        write_json(directory / "cached.json", record)
 
     # -- stage 3: training ---------------------------------------------------------------------------------------
 
@@ -725,7 +698,7 @@ class _Runner:
         records, header, holdout = [], None, 0
         for shard in [*shards, None]:
             directory = self.shard_dir(shard) if shard is not None else self.dir / "shards" / "holdout"
-            manifest = _read_json(directory / "features" / MANIFEST)
+            manifest = read_json(directory / "features" / MANIFEST)
             if manifest is None:
                 continue  # a shard without a usable conversation
             header = header or {k: v for k, v in manifest.items() if k not in ("shards", "complete")}
@@ -734,7 +707,7 @@ class _Runner:
                 records.append({**record, "file": file})  # with the shard's checksum, where it has one
                 if shard is None:
                     holdout += len(record["lengths"])
-        _write_json(view / MANIFEST, {**header, "shards": records, "complete": True})
+        write_json(view / MANIFEST, {**header, "shards": records, "complete": True})
         return FeatureDataset(view, batch_tokens=self.head.batch_tokens, max_length=self.data.max_length,
                               seed=self.head.seed, holdout=holdout)
 
@@ -753,7 +726,7 @@ class _Runner:
 
     def baseline(self, shards: Sequence[Shard]) -> None:
         """The held-out evaluation of the initial head, before any step (the first line of ``eval.jsonl``)."""
-        if _read_jsonl(self.dir / "eval.jsonl") or self.trainer_state()["step"]:
+        if read_jsonl(self.dir / EVAL_NAME) or self.trainer_state()["step"]:
             return
         from accelerate import Accelerator
 
@@ -768,12 +741,12 @@ class _Runner:
 
     def train(self, shards: Sequence[Shard]) -> bool:
         """Train over ``shards`` until ``train_ratio`` x their tokens (or the campaign's end); ``True`` at the end."""
-        data_tokens = sum(_read_json(self.shard_dir(s) / "cached.json")["tokens"] for s in shards)
+        data_tokens = sum(read_json(self.shard_dir(s) / "cached.json")["tokens"] for s in shards)
         goal = min(self.head.train_tokens, int(self.head.train_ratio * data_tokens))
         self.baseline(shards)
         segment_path = self.dir / "train" / "segment.json"
         while True:
-            segment = _read_json(segment_path)
+            segment = read_json(segment_path)
             if segment is not None and not segment["done"] and segment["shards"] != len(shards):
                 return False  # an unfinished segment over more shards: a later call's
             if segment is None or segment["done"]:
@@ -781,7 +754,7 @@ class _Runner:
                 if state["tokens"] >= goal:
                     return state["tokens"] >= self.head.train_tokens
                 segment = self.plan_segment(state, goal, shards, 1 if segment is None else segment["index"] + 1)
-                _write_json(segment_path, segment)
+                write_json(segment_path, segment)
             self.budget.check()
             dataset = self.view(shards[: segment["shards"]])
             config = TrainConfig(
@@ -804,7 +777,7 @@ class _Runner:
             accuracy = " / ".join(f"{metrics[f'acc_{k}']:.3f}" for k in range(1, 10) if f"acc_{k}" in metrics)
             self.log(f"train: segment {segment['index']}, step {state['step']}, {state['tokens']:,} tokens over "
                      f"{segment['shards']} shard(s); held-out top-1 by depth {accuracy}")
-            _write_json(segment_path, {**segment, "done": True})
+            write_json(segment_path, {**segment, "done": True})
             self.budget.tick()
 
     def end_of_epoch(self, dataset: FeatureDataset) -> dict[str, Any]:
@@ -814,10 +787,10 @@ class _Runner:
         finished epoch is longer, so only the second is where an uninterrupted run continues.
         """
         path = self.dir / "train" / "checkpoint" / STATE_NAME
-        state = _read_json(path)
+        state = read_json(path)
         if state is not None and state["batch"] >= len(dataset.batches(state["epoch"])):
             state = {**state, "epoch": state["epoch"] + 1, "batch": 0}
-            _write_text(path, json.dumps(state))
+            write_text(path, json.dumps(state))
         return self.trainer_state()
 
     def plan_segment(self, state: dict[str, Any], goal: int, shards: Sequence[Shard], index: int) -> dict[str, Any]:
@@ -839,7 +812,7 @@ class _Runner:
         while (sum(plan_length(e) for e in range(epochs)) < target
                or max(0, plan_length(epoch) - batch) + sum(plan_length(e) for e in range(epoch + 1, epochs)) < steps):
             epochs += 1
-        data_tokens = sum(_read_json(self.shard_dir(s) / "cached.json")["tokens"] for s in shards)
+        data_tokens = sum(read_json(self.shard_dir(s) / "cached.json")["tokens"] for s in shards)
         return {"index": index, "shards": len(shards), "data_tokens": data_tokens, "start_step": state["step"],
                 "target_step": target, "epochs": epochs, "done": False}
 
@@ -861,24 +834,24 @@ class _Runner:
 
     def _record(self, record: dict[str, Any]) -> None:
         """Add ``record`` to ``eval.jsonl`` unless a record of its segment is there (rewritten atomically)."""
-        path = self.dir / "eval.jsonl"
-        records = _read_jsonl(path)
+        path = self.dir / EVAL_NAME
+        records = read_jsonl(path)
         if any(r["segment"] == record["segment"] for r in records):
             return
-        _write_text(path, "".join(json.dumps(r) + "\n" for r in [*records, record]))
+        write_jsonl(path, [*records, record])
 
     def _add_rate(self, stage: str, tokens: int, seconds: float) -> None:
         """Add a unit of work to ``rates.json``: totals per stage, and the last ``_RECENT`` units (the ETA's)."""
         path = self.dir / "rates.json"
-        rates = _read_json(path) or {}
+        rates = read_json(path) or {}
         entry = rates.get(stage, {"tokens": 0, "seconds": 0.0})
         recent = [*entry.get("recent", []), [int(tokens), round(seconds, 3)]][-_RECENT:]
         rates[stage] = {"tokens": entry["tokens"] + int(tokens), "seconds": round(entry["seconds"] + seconds, 3),
                         "recent": recent}
-        _write_json(path, rates)
+        write_json(path, rates)
 
     def _progress(self, stage: str, shard: Shard | None, **counts: Any) -> None:
-        _write_json(self.dir / "progress.json", {"stage": stage, "shard": None if shard is None else shard.name,
+        write_json(self.dir / "progress.json", {"stage": stage, "shard": None if shard is None else shard.name,
                                                  "time": time.time(), "pid": os.getpid(), **counts})
 
 
@@ -889,7 +862,7 @@ def _generated_tokens(tokenizer: Any, conversations: Sequence[Conversation]) -> 
 
 
 def _manifest_tokens(directory: Path) -> int:
-    manifest = _read_json(directory / MANIFEST)
+    manifest = read_json(directory / MANIFEST)
     return 0 if manifest is None else sum(sum(s["lengths"]) for s in manifest["shards"])
 
 
@@ -897,7 +870,7 @@ def trainer_state(run: Path) -> dict[str, Any]:
     """``step``, ``epoch``, ``batch``, ``tokens``, ``seconds`` of the trainer's last checkpoint in ``run`` (zeros
     before the first)."""
     for name in ("checkpoint", "checkpoint.old"):  # .old: interrupted between the trainer's two renames
-        state = _read_json(run / name / STATE_NAME)
+        state = read_json(run / name / STATE_NAME)
         if state is not None:
             return state
     return {"step": 0, "epoch": 0, "batch": 0, "tokens": 0, "seconds": 0.0}
@@ -935,25 +908,25 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     run_dir = Path(campaign.run_dir)
     new_run = not (run_dir / CONFIG_NAME).is_file()
     differ: list[str] = []
-    compute: list[str] = []
+    resumed: list[str] = []
     if not new_run:
         saved = load_campaign(run_dir)
         conflict = settings_conflict(saved, campaign, retrain)
         if conflict:
             raise ValueError(conflict)
-        differ, compute = _settings_differ(saved, campaign), _resume_changes(saved, campaign)
+        differ, resumed = _settings_differ(saved, campaign), _resume_changes(saved, campaign)
         if differ:
             archive = run_dir / f"retrained-{1 + len(list(run_dir.glob('retrained-*')))}"
             archive.mkdir()
-            for name in ("train", "eval.jsonl", "milestones"):
+            for name in ("train", EVAL_NAME, "milestones"):
                 if (run_dir / name).exists():
                     os.replace(run_dir / name, archive / name)
             shutil.copy2(run_dir / CONFIG_NAME, archive / CONFIG_NAME)
             log(f"retraining with {'; '.join(differ)}: the training so far moved to {archive}")
-        elif compute:
-            log(f"from now on {'; '.join(compute)} (what is done keeps its own)")
-    if new_run or differ or compute:  # saved as it now runs
-        _write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
+        elif resumed:
+            log(f"from now on {'; '.join(resumed)} (what is done keeps its own)")
+    if new_run or differ or resumed:  # saved as it now runs
+        write_json(run_dir / CONFIG_NAME, {**campaign.to_json(), "run_dir": os.fspath(run_dir)})
     runner = _Runner(campaign, _Budget(max_seconds, max_items, before_unit), log)
     try:
         holdout, shards = plan_shards(runner.order(), campaign.data)
@@ -1015,33 +988,33 @@ def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
     """Read the state of the campaign in ``run_dir`` (``FileNotFoundError`` when there is none)."""
     campaign = load_campaign(run_dir)
     directory = Path(run_dir)
-    order = _read_json(directory / "order.json")
+    order = read_json(directory / "order.json")
     shards = plan_shards(order, campaign.data)[1] if order is not None else []
     distilled = cached = conversations = generated = source = cached_tokens = 0
     for shard in shards:
-        record = _read_json(directory / "shards" / shard.name / "distilled.json")
+        record = read_json(directory / "shards" / shard.name / "distilled.json")
         if record is not None:
             distilled += 1
             conversations += record["conversations"]
             generated += record["generated_tokens"]
             source += record.get("source_tokens", 0)
-        record = _read_json(directory / "shards" / shard.name / "cached.json")
+        record = read_json(directory / "shards" / shard.name / "cached.json")
         if record is not None:
             cached += 1
             cached_tokens += record["tokens"]
-    stage = _read_json(directory / "progress.json")
+    stage = read_json(directory / "progress.json")
     if stage and stage.get("stage") == "self-distillation" and stage.get("shard") != "holdout":
         if not (directory / "shards" / stage["shard"] / "distilled.json").is_file():
             conversations += stage["done"]
             generated += stage["generated_tokens"]
-    holdout = _read_json(directory / "shards" / "holdout" / "cached.json")
+    holdout = read_json(directory / "shards" / "holdout" / "cached.json")
     state = trainer_state(directory / "train")
-    records = _read_jsonl(directory / "eval.jsonl")
+    records = read_jsonl(directory / EVAL_NAME)
     head = campaign.head
     labels = [milestone_label(m) for m in head.milestones]
     done = tuple(label for label in labels if (directory / "milestones" / label).is_dir())
     upcoming = [m for m in head.milestones if m > state["tokens"]]
-    rates_record = _read_json(directory / "rates.json") or {}
+    rates_record = read_json(directory / "rates.json") or {}
     rates = {name: _rate(rates_record.get(name, {})) for name in ("distill", "cache", "train")}
     next_milestone = upcoming[0] if upcoming else None
     exhausted = bool(shards) and cached == len(shards) and head.train_ratio * cached_tokens < head.train_tokens

@@ -272,6 +272,7 @@ def curve_command(args: argparse.Namespace) -> int:
 
 def tau_command(args: argparse.Namespace) -> int:
     from specprim.train._campaign_tau import DEFAULT_SHAPES, measure_campaign_tau, parse_shape
+    from specprim.train._run_files import TAU_NAME
 
     require_campaign(args.run_dir)
     at_least("--num-prompts", args.num_prompts, 1)
@@ -287,7 +288,7 @@ def tau_command(args: argparse.Namespace) -> int:
     rows = measure_campaign_tau(args.run_dir, prompts=args.prompts, num_prompts=args.num_prompts,
                                 max_new_tokens=args.max_new_tokens, shapes=shapes, dtype=dtype,
                                 log=lambda line: print(line, flush=True))
-    print(f"{len(rows)} measurements in {Path(args.run_dir) / 'tau.jsonl'}; `specprim campaign curve "
+    print(f"{len(rows)} measurements in {Path(args.run_dir) / TAU_NAME}; `specprim campaign curve "
           f"{args.run_dir}` shows them")
     return 0
 

@@ -10,7 +10,6 @@ numbers beside the held-out curve.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -23,13 +22,13 @@ import torch
 from specprim import presets
 from specprim.bench import conversation_ids, load_dataset, read_prompts
 from specprim.models import load, load_head
-from specprim.train._campaign import _read_json, _read_jsonl, _write_text, load_campaign
+from specprim.train._campaign import load_campaign
+from specprim.train._run_files import EVAL_NAME, TAU_NAME, read_json, read_jsonl, write_jsonl
 from specprim.trees import parse_tree
 
-__all__ = ["DEFAULT_SHAPES", "TAU_NAME", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau",
+__all__ = ["DEFAULT_SHAPES", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau",
            "parse_shape"]
 
-TAU_NAME = "tau.jsonl"
 
 
 @dataclass(frozen=True)
@@ -51,12 +50,13 @@ def parse_shape(text: str) -> TauShape:
     """``"0:dynamic:depth=5,top_k=4,budget=8"`` -> ``TauShape(0.0, "dynamic:...")``: a temperature, a colon, a tree.
     ``ValueError`` naming what is wrong."""
     temperature, colon, tree = text.partition(":")
+    problem = ValueError(f"a shape is TEMPERATURE:TREE (e.g. 0:chain:4 or 1:sampled:2,1,1), got {text!r}")
     try:
         value = float(temperature)
     except ValueError:
-        value = -1.0
-    if not colon or value < 0:
-        raise ValueError(f"a shape is TEMPERATURE:TREE (e.g. 0:chain:4 or 1:sampled:2,1,1), got {text!r}")
+        raise problem from None
+    if not colon or not 0 <= value < float("inf"):  # also turns away nan and inf
+        raise problem
     parse_tree(tree)  # raises ValueError for a bad tree
     return TauShape(value, tree)
 
@@ -81,10 +81,10 @@ def campaign_heads(run_dir: str | os.PathLike[str]) -> list[CampaignHead]:
     if campaign.head.init_from is not None:
         heads.append(CampaignHead("start", 0, campaign.head.init_from))
     for info in sorted((directory / "milestones").glob("*/milestone.json")):
-        heads.append(CampaignHead(info.parent.name, int(json.loads(info.read_text())["trained_tokens"]),
+        heads.append(CampaignHead(info.parent.name, int(read_json(info)["trained_tokens"]),
                                   os.fspath(info.parent)))
-    segment = _read_json(directory / "train" / "segment.json")
-    records = _read_jsonl(directory / "eval.jsonl")
+    segment = read_json(directory / "train" / "segment.json")
+    records = read_jsonl(directory / EVAL_NAME)
     if segment is not None and segment["done"] and records and (directory / "train" / "head").is_dir():
         tokens = max(records, key=lambda r: r["segment"])["trained_tokens"]
         if tokens > 0 and all(head.trained_tokens != tokens for head in heads):
@@ -104,7 +104,7 @@ def measure_campaign_tau(run_dir: str | os.PathLike[str], *, prompts: str = "mt-
     directory = Path(run_dir)
     campaign = load_campaign(directory)
     path = directory / TAU_NAME
-    rows = _read_jsonl(path)
+    rows = read_jsonl(path)
     settings = {"prompts": prompts, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "dtype": dtype}
     done = {_key(row) for row in rows}
     todo = {head: missing for head in campaign_heads(directory)
@@ -125,7 +125,7 @@ def measure_campaign_tau(run_dir: str | os.PathLike[str], *, prompts: str = "mt-
             row = {**_setting(head, shape, settings), "tau": tau, "steps": steps,
                    "seconds": round(time.perf_counter() - started, 1)}
             rows.append(row)
-            _write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+            write_jsonl(path, rows)
             log(f"tau: {head.label} ({head.trained_tokens:,} tokens trained), {shape.label}: {tau:.3f} "
                 f"over {steps} target forwards ({row['seconds']} s)")
     return rows

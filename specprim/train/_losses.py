@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["greedy_accuracy", "greedy_hits", "soft_cross_entropy"]
+__all__ = ["greedy_accuracy", "greedy_hits", "masked_fraction", "soft_cross_entropy"]
 
 
 def _target_probs(topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, t2d: torch.Tensor | None,
@@ -61,6 +61,9 @@ def greedy_hits(logits: torch.Tensor, topk_ids: torch.Tensor, d2t: torch.Tensor 
 def greedy_accuracy(logits: torch.Tensor, topk_ids: torch.Tensor, mask: torch.Tensor,
                     d2t: torch.Tensor | None = None) -> tuple[float, int]:
     """(fraction of ``mask`` positions where the draft's argmax is the target's greedy token, positions counted)."""
-    hits = greedy_hits(logits, topk_ids, d2t) & mask
-    count = int(mask.sum())
-    return (float(hits.sum()) / count if count else 0.0), count
+    return masked_fraction(greedy_hits(logits, topk_ids, d2t), mask), int(mask.sum())
+
+
+def masked_fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    """The fraction of ``mask`` positions where ``flags`` (bool, same shape) holds; 0 when ``mask`` is empty."""
+    return float((flags & mask).sum()) / max(int(mask.sum()), 1)

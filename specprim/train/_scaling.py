@@ -4,13 +4,13 @@ heads' tau in decoding where ``specprim campaign tau`` measured it (``tau.jsonl`
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from specprim._pyplot import pyplot
+from specprim.train._run_files import EVAL_NAME, TAU_NAME, read_jsonl
 
 
 def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -19,16 +19,13 @@ def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     accepted length of a greedy chain as deep as the head was evaluated, teacher-forced) and ``tau`` (decoding
     setting -> tau of the head at those tokens, from ``RUN_DIR/tau.jsonl``; empty where none was measured). Raises
     ``ValueError`` when the run has no evaluation yet."""
-    path = Path(run_dir) / "eval.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    path = Path(run_dir) / EVAL_NAME
+    records = read_jsonl(path)
     if not records:
         raise ValueError(f"no held-out evaluation in {path} yet (the campaign writes one per training segment)")
     taus: dict[int, dict[str, float]] = {}
-    tau_path = Path(run_dir) / "tau.jsonl"
-    for line in tau_path.read_text().splitlines() if tau_path.is_file() else []:
-        if line.strip():
-            measured = json.loads(line)
-            taus.setdefault(measured["trained_tokens"], {})[tau_label(measured)] = measured["tau"]
+    for measured in read_jsonl(Path(run_dir) / TAU_NAME):
+        taus.setdefault(measured["trained_tokens"], {})[tau_label(measured)] = measured["tau"]
     rows = []
     for record in sorted(records, key=lambda r: (r["trained_tokens"], r["segment"])):
         depths = sorted(int(key.split("_")[1]) for key in record if key.startswith("acc_"))

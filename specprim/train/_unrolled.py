@@ -16,7 +16,7 @@ from specprim.drafters import target_to_draft
 from specprim.masks import additive_mask
 from specprim.train._alignment import draft_topk_hits, topk_distillation_loss
 from specprim.train._features import FeatureBatch
-from specprim.train._losses import greedy_hits, soft_cross_entropy
+from specprim.train._losses import greedy_hits, masked_fraction, soft_cross_entropy
 from specprim.train._protocol import LossOn, ObjectiveOutput, check_loss_on, loss_mask, shift
 
 __all__ = ["ExtraLoss", "UnrolledHead", "Unrolling", "unroll", "unrolled_loss", "unrolled_mask"]
@@ -159,12 +159,12 @@ def unrolled_loss(head: UnrolledHead, batch: FeatureBatch, unrolling: Unrolling,
             loss = loss + extra
         total = total + unrolling.step_decay ** k * loss
         hits = greedy_hits(logits.detach(), top_ids, d2t)  # (B, n)
-        metrics[f"acc_{k + 1}"] = float((hits & valid).sum()) / max(int(valid.sum()), 1)
+        metrics[f"acc_{k + 1}"] = masked_fraction(hits, valid)
         chained = chained & hits
         if unrolling.align_topk > 1:
             hits = draft_topk_hits(logits.detach(), top_ids[..., 0], unrolling.align_topk, d2t)
         aligned = aligned & hits
-        metrics[f"chain_{k + 1}"] = float((chained & valid).sum()) / max(int(valid.sum()), 1)
+        metrics[f"chain_{k + 1}"] = masked_fraction(chained, valid)
         metrics[f"loss_{k + 1}"] = float(loss.detach())
     metrics["loss"] = float(total.detach())
     return ObjectiveOutput(loss=total, metrics=metrics)

@@ -1,0 +1,56 @@
+"""The files of a training run, read and written without torch: the names of its records, atomic writes (a kill
+leaves the old file or the new one, never half of one) and JSON / JSON-lines readers that treat a missing file as
+empty. Shared by the campaign, its tau measurements and its scaling curve (``campaign curve`` stays torch-free)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+__all__ = ["EVAL_NAME", "TAU_NAME", "complete_lines", "read_json", "read_jsonl", "write_json", "write_jsonl",
+           "write_text"]
+
+EVAL_NAME = "eval.jsonl"  # one held-out evaluation per training segment
+TAU_NAME = "tau.jsonl"  # one decoding tau per head and setting (`specprim campaign tau`)
+
+
+def write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (staged beside it, then renamed), making its folder if needed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(text, encoding="utf-8")
+    os.replace(staged, path)
+
+
+def write_json(path: Path, record: Any) -> None:
+    write_text(path, json.dumps(record, indent=1) + "\n")
+
+
+def write_jsonl(path: Path, records: list[Any]) -> None:
+    write_text(path, "".join(json.dumps(record) + "\n" for record in records))
+
+
+def read_json(path: Path) -> Any:
+    """The record in ``path``, or None when there is no such file."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def read_jsonl(path: Path) -> list[Any]:
+    """The records of a JSON-lines file (blank lines skipped), or ``[]`` when there is no such file."""
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def complete_lines(path: Path) -> int:
+    """Cut ``path`` after its last complete line (a kill can leave half a line) and count its lines."""
+    if not path.is_file():
+        return 0
+    data = path.read_bytes()
+    keep = data[: data.rfind(b"\n") + 1]
+    if len(keep) != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(len(keep))
+    return keep.count(b"\n")
