@@ -426,6 +426,19 @@ def test_train_config_rejects_bad_values():
         TrainConfig(mixed_precision="fp8")
     with pytest.raises(ValueError):
         TrainConfig(lr=0)
+    with pytest.raises(ValueError, match="decay_steps"):
+        TrainConfig(decay_steps=0)
+
+
+def test_the_schedule_warms_up_then_decays_over_all_steps_or_only_the_last_decay_steps():
+    from specprim.train._trainer import _schedule
+
+    cosine = _schedule(TrainConfig(warmup_steps=2, min_lr_ratio=0.0), 10)
+    assert [cosine(s) for s in (0, 1, 2)] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert cosine(6) == pytest.approx(0.5) and cosine(10) == pytest.approx(0.0)
+    stable_then_decay = _schedule(TrainConfig(warmup_steps=2, min_lr_ratio=0.1, decay_steps=4), 10)
+    assert [stable_then_decay(s) for s in range(2, 7)] == [1.0] * 5  # stable until the last 4 steps
+    assert stable_then_decay(8) == pytest.approx(0.55) and stable_then_decay(10) == pytest.approx(0.1)
 
 
 def test_the_same_training_runs_under_accelerate_launch_with_two_processes(tmp_path):
@@ -500,8 +513,12 @@ def test_specprim_train_cli_end_to_end_resumes_and_shares_a_feature_cache(tmp_pa
     again = [json.loads(line) for line in (out / "run" / "log.jsonl").read_text().splitlines()]
     assert max(line["step"] for line in again) == last_step  # finished: the rerun resumes at the end
     medusa = tmp_path / "medusa"
-    assert cli.main(["train", "medusa", *common, "--out", str(medusa), "--max-steps", "3", "--num-heads", "2"]) == 0
+    assert cli.main(["train", "medusa", *common, "--out", str(medusa), "--max-steps", "4", "--num-heads", "2",
+                     "--warmup-steps", "0", "--decay-steps", "2", "--lr", "1e-3", "--epochs", "3"]) == 0
     assert MedusaHeads.from_pretrained(medusa / "run" / "head", target).config.num_heads == 2
+    rates = [json.loads(line)["lr"] for line in (medusa / "run" / "log.jsonl").read_text().splitlines()
+             if "lr" in json.loads(line)]
+    assert rates == pytest.approx([1e-3, 1e-3, 5.5e-4, 1e-4])  # stable, then a cosine decay over the last 2 steps
     assert not (medusa / "features").exists()  # the shared cache was reused
     warm = tmp_path / "warm"
     assert cli.main(["train", "eagle3", *common, "--out", str(warm), "--max-steps", "2", "--lr", "1e-12",
@@ -517,3 +534,5 @@ def test_specprim_train_cli_end_to_end_resumes_and_shares_a_feature_cache(tmp_pa
     assert "not a 'medusa' head" in capsys.readouterr().err
     assert cli.main(["train", "distill", *common, "--out", str(tmp_path / "d")]) == 2  # a usage error
     assert "needs --draft" in capsys.readouterr().err
+    assert cli.main(["train", "medusa", *common, "--out", str(tmp_path / "d"), "--decay-steps", "0"]) == 2
+    assert "decay_steps must be >= 1" in capsys.readouterr().err

@@ -692,9 +692,10 @@ class _Runner:
 
     # -- stage 3: training ---------------------------------------------------------------------------------------
 
-    def view(self, shards: Sequence[Shard]) -> FeatureDataset:
-        """One feature dataset over the caches of ``shards`` with the held-out shard last (its examples held out)."""
-        view = self.dir / "train" / "view"
+    def view(self, shards: Sequence[Shard], view: Path | None = None) -> FeatureDataset:
+        """One feature dataset over the caches of ``shards`` with the held-out shard last (its examples held out),
+        its manifest written in ``view`` (default ``train/view``)."""
+        view = view or self.dir / "train" / "view"
         records, header, holdout = [], None, 0
         for shard in [*shards, None]:
             directory = self.shard_dir(shard) if shard is not None else self.dir / "shards" / "holdout"
@@ -723,6 +724,15 @@ class _Runner:
 
     def trainer_state(self) -> dict[str, Any]:
         return trainer_state(self.dir / "train")
+
+    def train_config(self, epochs: int, target_step: int, *, min_lr_ratio: float = 1.0,
+                     decay_steps: int | None = None) -> TrainConfig:
+        """The trainer's settings for steps up to ``target_step``: the campaign's constant rate after the warm-up,
+        or with ``decay_steps`` a decay over the last steps (a cool-down)."""
+        return TrainConfig(epochs=epochs, max_steps=target_step, lr=self.head.lr, warmup_steps=self.head.warmup_steps,
+                           min_lr_ratio=min_lr_ratio, decay_steps=decay_steps,
+                           checkpoint_every=self.head.checkpoint_every, log_every=self.head.log_every,
+                           mixed_precision=resolved_mixed_precision(self.head.mixed_precision), seed=self.head.seed)
 
     def baseline(self, shards: Sequence[Shard]) -> None:
         """The held-out evaluation of the initial head, before any step (the first line of ``eval.jsonl``)."""
@@ -757,11 +767,7 @@ class _Runner:
                 write_json(segment_path, segment)
             self.budget.check()
             dataset = self.view(shards[: segment["shards"]])
-            config = TrainConfig(
-                epochs=segment["epochs"], max_steps=segment["target_step"], lr=self.head.lr,
-                warmup_steps=self.head.warmup_steps, min_lr_ratio=1.0, checkpoint_every=self.head.checkpoint_every,
-                log_every=self.head.log_every, mixed_precision=resolved_mixed_precision(self.head.mixed_precision),
-                seed=self.head.seed)
+            config = self.train_config(segment["epochs"], segment["target_step"])
             self._progress("training", None, segment=segment["index"], from_step=segment["start_step"],
                            to_step=segment["target_step"])
             started = time.perf_counter()
@@ -799,19 +805,7 @@ class _Runner:
         per_step = state["tokens"] / state["step"] if state["step"] else 0.75 * self.head.batch_tokens
         steps = max(1, min(self.head.segment_steps, math.ceil((stop - state["tokens"]) / per_step)))
         target = state["step"] + steps
-        dataset = self.view(shards)
-        lengths: dict[int, int] = {}
-
-        def plan_length(epoch: int) -> int:
-            if epoch not in lengths:
-                lengths[epoch] = len(dataset.batches(epoch))
-            return lengths[epoch]
-
-        # the trainer's epochs: enough that its schedule spans `target` steps and the epochs left hold them all
-        epoch, batch, epochs = state.get("epoch", 0), state.get("batch", 0), state.get("epoch", 0) + 1
-        while (sum(plan_length(e) for e in range(epochs)) < target
-               or max(0, plan_length(epoch) - batch) + sum(plan_length(e) for e in range(epoch + 1, epochs)) < steps):
-            epochs += 1
+        epochs = trainer_epochs(self.view(shards), state, steps)
         data_tokens = sum(read_json(self.shard_dir(s) / "cached.json")["tokens"] for s in shards)
         return {"index": index, "shards": len(shards), "data_tokens": data_tokens, "start_step": state["step"],
                 "target_step": target, "epochs": epochs, "done": False}
@@ -864,6 +858,23 @@ def _generated_tokens(tokenizer: Any, conversations: Sequence[Conversation]) -> 
 def _manifest_tokens(directory: Path) -> int:
     manifest = read_json(directory / MANIFEST)
     return 0 if manifest is None else sum(sum(s["lengths"]) for s in manifest["shards"])
+
+
+def trainer_epochs(dataset: FeatureDataset, state: dict[str, Any], steps: int) -> int:
+    """The trainer's ``epochs`` for ``steps`` more steps from ``state`` (its ``step``, ``epoch``, ``batch``): enough
+    that its schedule spans ``step + steps`` steps and the epochs left hold them all."""
+    lengths: dict[int, int] = {}
+
+    def plan_length(epoch: int) -> int:
+        if epoch not in lengths:
+            lengths[epoch] = len(dataset.batches(epoch))
+        return lengths[epoch]
+
+    epoch, batch, epochs = state.get("epoch", 0), state.get("batch", 0), state.get("epoch", 0) + 1
+    while (sum(plan_length(e) for e in range(epochs)) < state["step"] + steps
+           or max(0, plan_length(epoch) - batch) + sum(plan_length(e) for e in range(epoch + 1, epochs)) < steps):
+        epochs += 1
+    return epochs
 
 
 def trainer_state(run: Path) -> dict[str, Any]:
@@ -1067,22 +1078,28 @@ def _eta(tokens: float, trainable: float, ratio: float, generated_per_cached: fl
 _ACTIVE = ("self-distillation", "feature caching", "training")
 
 
-def _process_note(pid: int | None) -> str:
-    """What the status line says about the process of the stage in progress: nothing while it runs."""
-    if pid is None:
-        return ""
+def process_state(pid: int) -> str:
+    """``"gone"``, ``"stopped"`` (``kill -STOP``) or ``"alive"`` (running, or not ours to inspect)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return f"; process {pid} is not running (rerun `specprim campaign run` to resume)"
+        return "gone"
     except PermissionError:
-        return ""
+        return "alive"
     try:
         with open(f"/proc/{pid}/stat") as f:
             state = f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return ""
-    return f"; process {pid} is stopped (`kill -CONT {pid}` continues it)" if state in ("T", "t") else ""
+        return "alive"
+    return "stopped" if state in ("T", "t") else "alive"
+
+
+def _process_note(pid: int | None) -> str:
+    """What the status line says about the process of the stage in progress: nothing while it runs."""
+    state = "alive" if pid is None else process_state(pid)
+    if state == "gone":
+        return f"; process {pid} is not running (rerun `specprim campaign run` to resume)"
+    return f"; process {pid} is stopped (`kill -CONT {pid}` continues it)" if state == "stopped" else ""
 
 
 def _duration(seconds: float) -> str:

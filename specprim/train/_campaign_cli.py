@@ -164,6 +164,18 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
                           "float32)")
     tau.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     tau.set_defaults(func=tau_command)
+    cooldown = actions.add_parser(
+        "cooldown", help="cool the campaign's head down: its learning rate decayed over some more steps",
+        description="Branch from the campaign's latest checkpoint into RUN_DIR/cooldowns/step<S>-decay<N>/ and "
+                    "train on the same data in the same order with the learning rate decaying (cosine) to "
+                    "--min-lr-ratio of its peak over --steps steps; the campaign itself is left as it was. Rerun to "
+                    "resume a killed cool-down. `campaign tau` measures the cooled heads, `campaign curve` shows them.")
+    cooldown.add_argument("run_dir")
+    cooldown.add_argument("--steps", type=int, help="decay steps (default: 10%% of the steps trained so far)")
+    cooldown.add_argument("--min-lr-ratio", type=float, default=0.0,
+                          help="the last learning rate as a fraction of the peak (default 0)")
+    cooldown.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    cooldown.set_defaults(func=cooldown_command)
     return parser
 
 
@@ -248,24 +260,28 @@ def status_command(args: argparse.Namespace) -> int:
 
 
 def curve_command(args: argparse.Namespace) -> int:
-    from specprim.train._scaling import plot_scaling, scaling_rows, scaling_table
+    from specprim.train._scaling import cooldown_rows, cooldown_table, plot_scaling, scaling_rows, scaling_table
 
-    runs = {}
+    runs, cooled = {}, {}
     for run_dir in args.run_dirs:
         require_campaign(run_dir)
         try:
             runs[run_dir] = scaling_rows(run_dir)
         except ValueError as error:
             raise UsageError(str(error)) from None
+        cooled[run_dir] = cooldown_rows(run_dir)
     several = len(runs) > 1
-    table = "".join((f"{run_dir}:\n\n" if several else "") + scaling_table(rows) + ("\n" if several else "")
+    table = "".join((f"{run_dir}:\n\n" if several else "") + scaling_table(rows)
+                    + (f"\ncool-downs:\n\n{cooldown_table(cooled[run_dir])}" if cooled[run_dir] else "")
+                    + ("\n" if several else "")
                     for run_dir, rows in runs.items())
     print(table, end="")
     if args.markdown:
         Path(args.markdown).write_text(table)
     if args.png:
         plot_scaling({Path(run_dir).name: rows for run_dir, rows in runs.items()}, args.png,
-                     title="campaign " + ", ".join(Path(run_dir).name for run_dir in args.run_dirs))
+                     title="campaign " + ", ".join(Path(run_dir).name for run_dir in args.run_dirs),
+                     cooled={Path(run_dir).name: rows for run_dir, rows in cooled.items()})
         print(f"curve: {args.png}")
     return 0
 
@@ -290,6 +306,25 @@ def tau_command(args: argparse.Namespace) -> int:
                                 log=lambda line: print(line, flush=True))
     print(f"{len(rows)} measurements in {Path(args.run_dir) / TAU_NAME}; `specprim campaign curve "
           f"{args.run_dir}` shows them")
+    return 0
+
+
+def cooldown_command(args: argparse.Namespace) -> int:
+    require_campaign(args.run_dir)
+    if args.steps is not None:
+        at_least("--steps", args.steps, 1)
+    at_least("--threads", args.threads, 1)
+    if not 0 <= args.min_lr_ratio <= 1:
+        raise UsageError(f"--min-lr-ratio must be in [0, 1], got {args.min_lr_ratio}")
+    import torch
+
+    from specprim.train._campaign_cooldown import cool_down, plan_cooldown
+
+    with as_usage_error():
+        plan_cooldown(args.run_dir, args.steps, min_lr_ratio=args.min_lr_ratio)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    cool_down(args.run_dir, args.steps, min_lr_ratio=args.min_lr_ratio, log=lambda line: print(line, flush=True))
     return 0
 
 

@@ -23,7 +23,15 @@ from specprim import presets
 from specprim.bench import conversation_ids, load_dataset, read_prompts
 from specprim.models import load, load_head
 from specprim.train._campaign import load_campaign
-from specprim.train._run_files import EVAL_NAME, TAU_NAME, read_json, read_jsonl, write_jsonl
+from specprim.train._run_files import (
+    COOLED,
+    EVAL_NAME,
+    TAU_NAME,
+    finished_cooldowns,
+    read_json,
+    read_jsonl,
+    write_jsonl,
+)
 from specprim.trees import parse_tree
 
 __all__ = ["DEFAULT_SHAPES", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau",
@@ -73,8 +81,9 @@ class CampaignHead:
 
 def campaign_heads(run_dir: str | os.PathLike[str]) -> list[CampaignHead]:
     """The heads of the campaign in ``run_dir`` in order of tokens trained: the head it continued (``init_from``,
-    0 tokens), each milestone copy, and the latest head unless a milestone holds the same one or a training
-    segment is unfinished (the latest head then changes under the reader)."""
+    0 tokens), each milestone copy, the latest head unless a milestone holds the same one or a training segment is
+    unfinished (the latest head then changes under the reader), and the head of each finished cool-down (labelled
+    ``"cooled <name>"``)."""
     directory = Path(run_dir)
     campaign = load_campaign(directory)
     heads = []
@@ -89,6 +98,8 @@ def campaign_heads(run_dir: str | os.PathLike[str]) -> list[CampaignHead]:
         tokens = max(records, key=lambda r: r["segment"])["trained_tokens"]
         if tokens > 0 and all(head.trained_tokens != tokens for head in heads):
             heads.append(CampaignHead("latest", tokens, os.fspath(directory / "train" / "head")))
+    heads += [CampaignHead(COOLED + record["name"], record["trained_tokens"], record["location"])
+              for record in finished_cooldowns(directory)]
     return sorted(heads, key=lambda head: head.trained_tokens)
 
 

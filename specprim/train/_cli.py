@@ -64,6 +64,9 @@ def add_train_parser(commands: argparse._SubParsersAction) -> argparse.ArgumentP
     parser.add_argument("--max-steps", type=int)
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--warmup-steps", type=int, default=50)
+    parser.add_argument("--decay-steps", type=int,
+                        help="hold the peak --lr until the last DECAY_STEPS steps and decay over those only "
+                             "(warm-up, stable, decay; default: a cosine decay over every step after the warm-up)")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="padded tokens per batch")
     parser.add_argument("--checkpoint-every", type=int, default=200)
     parser.add_argument("--log-every", type=int, default=10)
@@ -131,8 +134,8 @@ def train_command(args: argparse.Namespace) -> int:
         )
         config = TrainConfig(
             epochs=args.epochs, max_steps=args.max_steps, lr=args.lr, warmup_steps=args.warmup_steps,
-            checkpoint_every=args.checkpoint_every, log_every=args.log_every, eval_every=args.eval_every,
-            mixed_precision=args.mixed_precision, seed=args.seed,
+            decay_steps=args.decay_steps, checkpoint_every=args.checkpoint_every, log_every=args.log_every,
+            eval_every=args.eval_every, mixed_precision=args.mixed_precision, seed=args.seed,
         )
     if args.threads:
         torch.set_num_threads(args.threads)

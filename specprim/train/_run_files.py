@@ -9,11 +9,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["EVAL_NAME", "TAU_NAME", "complete_lines", "read_json", "read_jsonl", "write_json", "write_jsonl",
-           "write_text"]
+__all__ = ["COOLDOWNS_NAME", "COOLED", "EVAL_NAME", "TAU_NAME", "complete_lines", "finished_cooldowns", "read_json",
+           "read_jsonl", "write_json", "write_jsonl", "write_text"]
 
 EVAL_NAME = "eval.jsonl"  # one held-out evaluation per training segment
 TAU_NAME = "tau.jsonl"  # one decoding tau per head and setting (`specprim campaign tau`)
+COOLDOWNS_NAME = "cooldowns"  # one directory per cool-down (`specprim campaign cooldown`)
+COOLED = "cooled "  # the label of a cool-down's head in tau.jsonl: "cooled step1049-decay150"
 
 
 def write_text(path: Path, text: str) -> None:
@@ -54,3 +56,13 @@ def complete_lines(path: Path) -> int:
         with open(path, "r+b") as f:
             f.truncate(len(keep))
     return keep.count(b"\n")
+
+
+def finished_cooldowns(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The ``eval.json`` record of each finished cool-down of a campaign, with its ``name`` and its head's
+    ``location``, in order of the step it branched at."""
+    records = []
+    for path in sorted(Path(run_dir, COOLDOWNS_NAME).glob("*/eval.json")):
+        record = read_json(path)
+        records.append({**record, "name": path.parent.name, "location": os.fspath(path.parent / "train" / "head")})
+    return sorted(records, key=lambda r: (r["from_step"], r["decay_steps"]))

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from specprim._pyplot import pyplot
-from specprim.train._run_files import EVAL_NAME, TAU_NAME, read_jsonl
+from specprim.train._run_files import COOLED, EVAL_NAME, TAU_NAME, finished_cooldowns, read_jsonl
 
 
 def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -23,17 +23,37 @@ def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     records = read_jsonl(path)
     if not records:
         raise ValueError(f"no held-out evaluation in {path} yet (the campaign writes one per training segment)")
-    taus: dict[int, dict[str, float]] = {}
+    taus = _measured_taus(run_dir)
+    return [{"segment": record["segment"], "trained_tokens": record["trained_tokens"],
+             "data_tokens": record["data_tokens"], **_accuracies(record),
+             "tau": taus.get(("", record["trained_tokens"]), {})}
+            for record in sorted(records, key=lambda r: (r["trained_tokens"], r["segment"]))]
+
+
+def cooldown_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """One row per finished cool-down of the run (``specprim campaign cooldown``): ``name``, ``from_tokens`` (where
+    it branched), ``decay_steps``, ``trained_tokens``, ``acc``, ``chain_tau`` and ``tau`` as in
+    :func:`scaling_rows`."""
+    taus = _measured_taus(run_dir)
+    return [{"name": record["name"], "from_tokens": record["from_tokens"], "decay_steps": record["decay_steps"],
+             "trained_tokens": record["trained_tokens"], **_accuracies(record),
+             "tau": taus.get((record["name"], record["trained_tokens"]), {})}
+            for record in finished_cooldowns(run_dir)]
+
+
+def _accuracies(record: Mapping[str, Any]) -> dict[str, Any]:
+    """``acc`` (held-out top-1 by depth) and ``chain_tau`` of an evaluation record."""
+    depths = sorted(int(key.split("_")[1]) for key in record if key.startswith("acc_"))
+    return {"acc": [record[f"acc_{k}"] for k in depths], "chain_tau": 1 + sum(record[f"chain_{k}"] for k in depths)}
+
+
+def _measured_taus(run_dir: str | os.PathLike[str]) -> dict[tuple[str, int], dict[str, float]]:
+    """(cool-down name, or ``""`` for the campaign's own heads; tokens trained) -> decoding setting -> tau."""
+    taus: dict[tuple[str, int], dict[str, float]] = {}
     for measured in read_jsonl(Path(run_dir) / TAU_NAME):
-        taus.setdefault(measured["trained_tokens"], {})[tau_label(measured)] = measured["tau"]
-    rows = []
-    for record in sorted(records, key=lambda r: (r["trained_tokens"], r["segment"])):
-        depths = sorted(int(key.split("_")[1]) for key in record if key.startswith("acc_"))
-        rows.append({"segment": record["segment"], "trained_tokens": record["trained_tokens"],
-                     "data_tokens": record["data_tokens"], "acc": [record[f"acc_{k}"] for k in depths],
-                     "chain_tau": 1 + sum(record[f"chain_{k}"] for k in depths),
-                     "tau": taus.get(record["trained_tokens"], {})})
-    return rows
+        cooled = measured["head"].removeprefix(COOLED) if measured["head"].startswith(COOLED) else ""
+        taus.setdefault((cooled, measured["trained_tokens"]), {})[tau_label(measured)] = measured["tau"]
+    return taus
 
 
 def tau_label(measured: Mapping[str, Any]) -> str:
@@ -56,13 +76,31 @@ def scaling_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLike[str], title: str = "") -> Path:
+def cooldown_table(rows: list[dict[str, Any]]) -> str:
+    """Cool-down rows as a markdown table."""
+    depths = max(len(row["acc"]) for row in rows)
+    settings = _tau_settings(rows)
+    header = ["cool-down", "branched at (tokens)", "decay steps", "tokens trained",
+              *[f"top-1 depth {k}" for k in range(1, depths + 1)], "greedy chain tau (teacher-forced)", *settings]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in rows:
+        cells = [row["name"], f"{row['from_tokens']:,}", str(row["decay_steps"]), f"{row['trained_tokens']:,}",
+                 *[f"{a:.3f}" for a in row["acc"]], f"{row['chain_tau']:.2f}",
+                 *[f"{row['tau'][s]:.2f}" if s in row["tau"] else "" for s in settings]]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLike[str], title: str = "",
+                 cooled: Mapping[str, list[dict[str, Any]]] | None = None) -> Path:
     """A PNG of held-out top-1 by depth against tokens trained: one colour per run (``runs``: label -> its rows),
-    one line style per depth, so several campaigns (other data, a larger head) compare on one chart; beside it, where
-    any was measured, the heads' tau in decoding (one line style per setting)."""
+    one line style per depth, so several campaigns (other data, a larger head) compare on one chart; each run's
+    cool-downs (``cooled``: label -> :func:`cooldown_rows`) as stars in its colour; beside it, where any was
+    measured, the heads' tau in decoding (one line style per setting)."""
     plt = pyplot()
     several = len(runs) > 1
-    settings = list(dict.fromkeys(s for rows in runs.values() for s in _tau_settings(rows)))
+    cooled = cooled or {}
+    settings = list(dict.fromkeys(s for rows in [*runs.values(), *cooled.values()] for s in _tau_settings(rows)))
     width = 9.0 if several else 5.5
     fig, axes = plt.subplots(1, 2 if settings else 1, figsize=(width + (5.0 if settings else 0.0), 4.2),
                              squeeze=False)
@@ -76,11 +114,13 @@ def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLi
             ax.plot([t for t, _ in points], [a for _, a in points], marker="o", markersize=3, color=colour,
                     linestyle=styles[k % len(styles)], label=f"{label}, depth {k + 1}" if several
                     else f"depth {k + 1}")
+        _plot_cooled(ax, cooled.get(label, []), colour, lambda row: row["acc"],
+                     f"{label}, cooled (each depth)" if several else "cooled (each depth)")
     ax.set_xscale("symlog", linthresh=1e5)
     ax.set_xlabel("tokens trained")
     ax.set_ylabel("held-out top-1 agreement with the target")
     if several:  # runs that differ by a point or two: the axis spans their values, not [0, 1]
-        values = [a for rows in runs.values() for row in rows for a in row["acc"]]
+        values = [a for rows in [*runs.values(), *cooled.values()] for row in rows for a in row["acc"]]
         ax.set_ylim(max(0.0, min(values) - 0.02), min(1.0, max(values) + 0.02))
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     else:
@@ -89,7 +129,7 @@ def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLi
     ax.grid(alpha=0.3)
     ax.set_title(title, fontsize=8)
     if settings:
-        _plot_tau(axes[0][1], runs, settings)
+        _plot_tau(axes[0][1], runs, settings, cooled)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -101,10 +141,21 @@ def _tau_settings(rows: list[dict[str, Any]]) -> list[str]:
     return list(dict.fromkeys(setting for row in rows for setting in row.get("tau", {})))
 
 
-def _plot_tau(ax: Any, runs: Mapping[str, list[dict[str, Any]]], settings: list[str]) -> None:
-    """tau against tokens trained: one colour per run, one line style per decoding setting."""
+def _plot_cooled(ax: Any, rows: list[dict[str, Any]], colour: str, values: Any, label: str) -> None:
+    """Stars at each cool-down's tokens trained, one per value ``values(row)`` gives."""
+    points = [(row["trained_tokens"], value) for row in rows for value in values(row)]
+    if points:
+        ax.scatter([t for t, _ in points], [v for _, v in points], marker="*", s=60, color=colour, zorder=3,
+                   label=label)
+
+
+def _plot_tau(ax: Any, runs: Mapping[str, list[dict[str, Any]]], settings: list[str],
+              cooled: Mapping[str, list[dict[str, Any]]]) -> None:
+    """tau against tokens trained: one colour per run, one line style per decoding setting; cool-downs as stars."""
     styles = ("-", "--", ":", "-.")
     for r, (label, rows) in enumerate(runs.items()):
+        _plot_cooled(ax, cooled.get(label, []), f"C{r % 10}", lambda row: list(row["tau"].values()),
+                     f"{label}, cooled (each setting)" if len(runs) > 1 else "cooled (each setting)")
         for k, setting in enumerate(settings):
             points = [(row["trained_tokens"], row["tau"][setting]) for row in rows if setting in row.get("tau", {})]
             if points:

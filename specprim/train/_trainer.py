@@ -53,6 +53,9 @@ class TrainConfig:
             spans ``min(max_steps, steps of all epochs)`` steps.
         lr: peak learning rate (AdamW, betas (0.9, 0.95)); linear warm-up over ``warmup_steps``, then cosine
             decay to ``lr * min_lr_ratio``.
+        decay_steps: ``None``: the cosine decay spans every step after the warm-up; a number: warm-up, stable,
+            decay: the rate stays at ``lr`` until the last ``decay_steps`` steps and decays over those alone
+            (a cool-down that can branch from any checkpoint of a constant-rate run).
         weight_decay, grad_clip: AdamW weight decay; gradient-norm clip (``0`` = none).
         checkpoint_every, log_every, eval_every: in optimizer steps (``eval_every = 0``: only at the end).
         mixed_precision: ``"no"`` or ``"bf16"`` (autocast; weights stay float32).
@@ -64,6 +67,7 @@ class TrainConfig:
     lr: float = 3e-4
     warmup_steps: int = 50
     min_lr_ratio: float = 0.1
+    decay_steps: int | None = None
     weight_decay: float = 0.0
     grad_clip: float = 0.5
     checkpoint_every: int = 200
@@ -77,6 +81,8 @@ class TrainConfig:
             raise ValueError("epochs and max_steps must be >= 1")
         if self.lr <= 0 or self.warmup_steps < 0 or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError("lr must be > 0, warmup_steps >= 0 and min_lr_ratio in [0, 1]")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            raise ValueError(f"decay_steps must be >= 1 (or None), got {self.decay_steps}")
         if min(self.checkpoint_every, self.log_every) < 1 or self.eval_every < 0:
             raise ValueError("checkpoint_every and log_every must be >= 1, eval_every >= 0")
         if self.mixed_precision not in ("no", "bf16"):
@@ -84,10 +90,14 @@ class TrainConfig:
 
 
 def _schedule(config: TrainConfig, total_steps: int):
+    """The learning-rate factor of each step: warm-up, then a cosine decay over the rest (or, with ``decay_steps``,
+    over the last ``decay_steps`` steps only, the rate staying at its peak until they begin)."""
+    decay_start = config.warmup_steps if config.decay_steps is None else total_steps - config.decay_steps
+
     def factor(step: int) -> float:
         if step < config.warmup_steps:
             return (step + 1) / (config.warmup_steps + 1)
-        progress = min(1.0, (step - config.warmup_steps) / max(1, total_steps - config.warmup_steps))
+        progress = min(1.0, max(0, step - decay_start) / max(1, total_steps - decay_start))
         return config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return factor
