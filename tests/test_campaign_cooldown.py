@@ -90,6 +90,8 @@ def test_the_cooled_head_joins_tau_and_the_curve(run, tmp_path, capsys):
     assert plot_scaling({"run": scaling_rows(run)}, tmp_path / "c.png", cooled={"run": rows}).stat().st_size > 1000
     assert cli.main(["campaign", "curve", str(run)]) == 0
     assert "cool-downs:" in capsys.readouterr().out
+    assert cli.main(["campaign", "status", str(run)]) == 0
+    assert f"cooled:     {name}: top-1 by depth {record['acc_1']:.3f}" in capsys.readouterr().out
 
 
 def test_the_command_cools_and_bad_inputs_give_a_one_line_error(run, capsys):

@@ -50,6 +50,7 @@ from specprim.train._features import MANIFEST, FeatureDataset, build_feature_cac
 from specprim.train._run_files import (
     EVAL_NAME,
     complete_lines,
+    finished_cooldowns,
     read_json,
     read_jsonl,
     write_json,
@@ -970,7 +971,8 @@ class CampaignStatus:
     features, training shards), ``trained`` (tokens optimised on, repeats counted). ``rates`` are measured tokens
     per second of each stage over its last 20 units of work (``None`` before the first); ``eta_seconds`` estimates
     the time to ``next_milestone`` from them. ``data_exhausted``: every shard of the data plan is cached and the
-    training it allows ends before the campaign's end.
+    training it allows ends before the campaign's end. ``cooldowns``: the ``eval.json`` record of each finished
+    cool-down (``specprim campaign cooldown``).
     """
 
     run_dir: str
@@ -993,6 +995,7 @@ class CampaignStatus:
     eta_seconds: float | None
     stage: dict[str, Any] | None
     data_exhausted: bool
+    cooldowns: tuple[dict[str, Any], ...] = ()
 
 
 def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
@@ -1042,6 +1045,7 @@ def campaign_status(run_dir: str | os.PathLike[str]) -> CampaignStatus:
         step=state["step"], baseline=next((r for r in records if r["segment"] == 0), None),
         evaluation=records[-1] if records else None, milestones_done=done, next_milestone=next_milestone,
         rates=rates, eta_seconds=eta, stage=stage, data_exhausted=exhausted,
+        cooldowns=tuple(finished_cooldowns(run_dir)),
     )
 
 
@@ -1147,6 +1151,8 @@ def format_status(status: CampaignStatus) -> str:
                      f"{status.evaluation['trained_tokens']:,} trained tokens{start}")
     lines.append("milestones: " + (", ".join(status.milestones_done) or "none yet") + " done" + (
         f"; next {milestone_label(status.next_milestone)}" if status.next_milestone else ""))
+    lines += [f"cooled:     {record['name']}: top-1 by depth {accuracy(record)} at {record['trained_tokens']:,} "
+              "trained tokens" for record in status.cooldowns]
     names = {"distill": "self-distillation", "cache": "feature caching", "train": "training"}
     lines.append("rates:      " + ", ".join(f"{names[k]} {v:.0f} tok/s" if v else f"{names[k]} -"
                                             for k, v in status.rates.items()))
