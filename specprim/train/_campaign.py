@@ -781,9 +781,8 @@ class _Runner:
                     self.snapshot(milestone, state, metrics)
             self._record({"segment": segment["index"], "step": state["step"], "trained_tokens": state["tokens"],
                           "shards": segment["shards"], "data_tokens": segment["data_tokens"], **metrics})
-            accuracy = " / ".join(f"{metrics[f'acc_{k}']:.3f}" for k in range(1, 10) if f"acc_{k}" in metrics)
             self.log(f"train: segment {segment['index']}, step {state['step']}, {state['tokens']:,} tokens over "
-                     f"{segment['shards']} shard(s); held-out top-1 by depth {accuracy}")
+                     f"{segment['shards']} shard(s); held-out top-1 by depth {format_accuracy(metrics)}")
             write_json(segment_path, {**segment, "done": True})
             self.budget.tick()
 
@@ -1106,6 +1105,11 @@ def _process_note(pid: int | None) -> str:
     return f"; process {pid} is stopped (`kill -CONT {pid}` continues it)" if state == "stopped" else ""
 
 
+def format_accuracy(record: dict[str, Any]) -> str:
+    """Held-out top-1 by depth of an evaluation record: ``"0.438 / 0.367 / 0.341"``."""
+    return " / ".join(f"{record[f'acc_{k}']:.3f}" for k in range(1, 10) if f"acc_{k}" in record)
+
+
 def _duration(seconds: float) -> str:
     if seconds < 90:
         return f"{seconds:.0f} s"
@@ -1142,16 +1146,13 @@ def format_status(status: CampaignStatus) -> str:
         f"trained:    {status.trained_tokens:,} tokens (step {status.step})",
     ]
 
-    def accuracy(record: dict[str, Any]) -> str:
-        return " / ".join(f"{record[f'acc_{k}']:.3f}" for k in range(1, 10) if f"acc_{k}" in record)
-
     if status.evaluation is not None:
-        start = f" (at the start: {accuracy(status.baseline)})" if status.baseline else ""
-        lines.append(f"held-out:   top-1 by depth {accuracy(status.evaluation)} at "
+        start = f" (at the start: {format_accuracy(status.baseline)})" if status.baseline else ""
+        lines.append(f"held-out:   top-1 by depth {format_accuracy(status.evaluation)} at "
                      f"{status.evaluation['trained_tokens']:,} trained tokens{start}")
     lines.append("milestones: " + (", ".join(status.milestones_done) or "none yet") + " done" + (
         f"; next {milestone_label(status.next_milestone)}" if status.next_milestone else ""))
-    lines += [f"cooled:     {record['name']}: top-1 by depth {accuracy(record)} at {record['trained_tokens']:,} "
+    lines += [f"cooled:     {record['name']}: top-1 by depth {format_accuracy(record)} at {record['trained_tokens']:,} "
               "trained tokens" for record in status.cooldowns]
     names = {"distill": "self-distillation", "cache": "feature caching", "train": "training"}
     lines.append("rates:      " + ", ".join(f"{names[k]} {v:.0f} tok/s" if v else f"{names[k]} -"

@@ -25,6 +25,7 @@ from specprim.train._campaign import (
     _ACTIVE,
     _Budget,
     _Runner,
+    format_accuracy,
     load_campaign,
     plan_shards,
     process_state,
@@ -94,7 +95,7 @@ def cool_down(run_dir: str | os.PathLike[str], decay_steps: int | None = None, *
     out, state = plan.out, plan.state
     done = read_json(out / "eval.json")
     if done is not None:
-        log(f"cooldown: {out.name} is finished ({_accuracy(done)} at {done['trained_tokens']:,} tokens)")
+        log(f"cooldown: {out.name} is finished ({format_accuracy(done)} at {done['trained_tokens']:,} tokens)")
         return done
     campaign = load_campaign(plan.run_dir)
     runner = _Runner(campaign, _Budget(None, None), log)
@@ -115,7 +116,7 @@ def cool_down(run_dir: str | os.PathLike[str], decay_steps: int | None = None, *
     record = {**{k: v for k, v in branch.items() if k != "epochs"}, "step": end["step"],
               "trained_tokens": end["tokens"], **metrics}
     write_json(out / "eval.json", record)
-    log(f"cooldown: {out.name} finished at {end['tokens']:,} tokens; held-out top-1 by depth {_accuracy(record)}")
+    log(f"cooldown: {out.name} finished at {end['tokens']:,} tokens; held-out top-1 by depth {format_accuracy(record)}")
     return record
 
 
@@ -138,7 +139,3 @@ def _copy_checkpoint(source: Path, destination: Path) -> None:
     name = "checkpoint" if (source / "checkpoint").is_dir() else "checkpoint.old"
     shutil.copytree(source / name, destination / ".checkpoint.tmp")
     os.replace(destination / ".checkpoint.tmp", destination / "checkpoint")
-
-
-def _accuracy(record: dict[str, Any]) -> str:
-    return " / ".join(f"{record[f'acc_{k}']:.3f}" for k in range(1, 10) if f"acc_{k}" in record)
