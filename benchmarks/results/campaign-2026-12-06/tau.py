@@ -8,7 +8,8 @@ measured, so it may run beside other jobs:
 
 HEAD: a head directory or a shipped head's name. Trees (verified nodes beside the root): greedy chain:1 (1),
 dynamic:depth=3,top_k=3,budget=3 (3), dynamic:depth=5,top_k=4,budget=8 (8), dynamic:depth=6,top_k=8,budget=32 (32);
-temperature 1: sampled:2,1,1,1 (8), sampled:4,2,1,1 (28).
+temperature 1: sampled:2,1,1,1 (8), sampled:4,2,1,1 (28). ``--only 0:8,1:8`` keeps the shapes of those
+temperature:nodes pairs.
 """
 
 from __future__ import annotations
@@ -39,14 +40,18 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default=native_dtype())
     parser.add_argument("--json")
+    parser.add_argument("--only", help="temperature:nodes pairs to measure, e.g. 0:8,0:32,1:8 (default: all)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer = load(args.target, dtype=getattr(torch, args.dtype))
     prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
+    only = None if args.only is None else {(float(t), int(n)) for t, n in
+                                           (pair.split(":") for pair in args.only.split(","))}
+    shapes = [shape for shape in SHAPES if only is None or (shape[0], shape[1]) in only]
     rows = []
     for name in args.heads:
         head = load_head(name, target)
-        for temperature, nodes, spec in SHAPES:
+        for temperature, nodes, spec in shapes:
             method = presets.eagle3(head, parse_tree(spec))
             options = {"max_new_tokens": args.max_new_tokens, "eos_token_id": tokenizer.eos_token_id}
             if temperature > 0:
