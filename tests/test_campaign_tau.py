@@ -68,6 +68,9 @@ def test_tau_is_that_of_decoding_with_each_head_and_is_measured_once(run, tiny):
     more = measure_campaign_tau(run_dir, prompts=str(prompts), num_prompts=3, max_new_tokens=6,
                                 shapes=[GREEDY, sampled], log=lines.append)
     assert more[:3] == rows and [r["temperature"] for r in more[3:]] == [1.0] * 3  # only the new setting ran
+    one = measure_campaign_tau(run_dir, prompts=str(prompts), num_prompts=3, max_new_tokens=6,
+                               shapes=[TauShape(0.0, "chain:1")], heads=["500"], log=lines.append)
+    assert [r["head"] for r in one[6:]] == ["500"]  # only the head asked for
 
 
 def test_the_curve_shows_tau_beside_held_out_top1(run, tmp_path, capsys):
@@ -97,7 +100,8 @@ def test_the_command_measures_and_bad_options_give_a_one_line_error(run, capsys)
                              (["--shape=-1:chain:2"], "a shape is TEMPERATURE:TREE"),
                              (["--shape", "0:ladder:3"], "tree"),
                              (["--num-prompts", "0"], "--num-prompts must be >= 1"),
-                             (["--prompts", "no-such-set"], "unknown dataset")):
+                             (["--prompts", "no-such-set"], "unknown dataset"),
+                             (["--heads", "latest,9M"], "no head labelled '9M' in")):
         assert cli.main(["campaign", "tau", str(run_dir), *options]) in (1, 2)
         err = capsys.readouterr().err
         assert message in err and err.count("\n") == 1, err

@@ -162,6 +162,8 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     tau.add_argument("--dtype", choices=("float32", "bfloat16"),
                      help="the target's dtype (default: bfloat16 where this machine computes it natively, else "
                           "float32)")
+    tau.add_argument("--heads", help="comma-separated labels of the heads to measure, e.g. 'latest,cooled "
+                                     "step1503-decay150' (default: every head)")
     tau.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
     tau.set_defaults(func=tau_command)
     cooldown = actions.add_parser(
@@ -287,7 +289,7 @@ def curve_command(args: argparse.Namespace) -> int:
 
 
 def tau_command(args: argparse.Namespace) -> int:
-    from specprim.train._campaign_tau import DEFAULT_SHAPES, measure_campaign_tau, parse_shape
+    from specprim.train._campaign_tau import DEFAULT_SHAPES, measure_campaign_tau, parse_shape, select_heads
     from specprim.train._run_files import TAU_NAME
 
     require_campaign(args.run_dir)
@@ -301,8 +303,11 @@ def tau_command(args: argparse.Namespace) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     dtype = args.dtype or models.native_dtype()
+    heads = None if args.heads is None else [label.strip() for label in args.heads.split(",") if label.strip()]
+    with as_usage_error():
+        select_heads(args.run_dir, heads)  # an unknown label is refused before the target loads
     rows = measure_campaign_tau(args.run_dir, prompts=args.prompts, num_prompts=args.num_prompts,
-                                max_new_tokens=args.max_new_tokens, shapes=shapes, dtype=dtype,
+                                max_new_tokens=args.max_new_tokens, shapes=shapes, dtype=dtype, heads=heads,
                                 log=lambda line: print(line, flush=True))
     print(f"{len(rows)} measurements in {Path(args.run_dir) / TAU_NAME}; `specprim campaign curve "
           f"{args.run_dir}` shows them")

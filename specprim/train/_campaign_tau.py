@@ -34,7 +34,7 @@ from specprim.train._run_files import (
 )
 from specprim.trees import parse_tree
 
-__all__ = ["DEFAULT_SHAPES", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau",
+__all__ = ["DEFAULT_SHAPES", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau", "select_heads",
            "parse_shape"]
 
 
@@ -103,22 +103,39 @@ def campaign_heads(run_dir: str | os.PathLike[str]) -> list[CampaignHead]:
     return sorted(heads, key=lambda head: head.trained_tokens)
 
 
+def select_heads(run_dir: str | os.PathLike[str], labels: Sequence[str] | None = None) -> list[CampaignHead]:
+    """The heads of :func:`campaign_heads` labelled ``labels`` (every head for ``None``); ``ValueError`` naming a
+    label no head has, and the labels there are."""
+    heads = campaign_heads(run_dir)
+    if labels is None:
+        return heads
+    known = [head.label for head in heads]
+    unknown = [label for label in labels if label not in known]
+    if unknown:
+        raise ValueError(f"no head labelled {', '.join(map(repr, unknown))} in {os.fspath(run_dir)}; its heads: "
+                         f"{', '.join(known) or 'none yet'}")
+    return [head for head in heads if head.label in labels]
+
+
 def measure_campaign_tau(run_dir: str | os.PathLike[str], *, prompts: str = "mt-bench", num_prompts: int = 30,
                          max_new_tokens: int = 64, shapes: Sequence[TauShape] = DEFAULT_SHAPES,
-                         dtype: str = "float32", log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Measure tau for every head of :func:`campaign_heads` at every shape that ``RUN_DIR/tau.jsonl`` lacks, on the
-    first turns of ``num_prompts`` prompts (a built-in dataset's name or a JSONL prompts file), ``max_new_tokens``
-    each, the campaign's target loaded in ``dtype``; sampled shapes draw with one seed per prompt. Returns every
-    row of the file afterwards (the ones measured before included)."""
+                         dtype: str = "float32", heads: Sequence[str] | None = None,
+                         log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """Measure tau for every head of :func:`campaign_heads` (or only those labelled ``heads``) at every shape that
+    ``RUN_DIR/tau.jsonl`` lacks, on the first turns of ``num_prompts`` prompts (a built-in dataset's name or a JSONL
+    prompts file), ``max_new_tokens`` each, the campaign's target loaded in ``dtype``; sampled shapes draw with one
+    seed per prompt. Returns every row of the file afterwards (the ones measured before included). ``ValueError``
+    for a label no head has."""
     if num_prompts < 1 or max_new_tokens < 1:
         raise ValueError(f"num_prompts and max_new_tokens must be >= 1, got {num_prompts} and {max_new_tokens}")
     directory = Path(run_dir)
     campaign = load_campaign(directory)
+    chosen_heads = select_heads(directory, heads)
     path = directory / TAU_NAME
     rows = read_jsonl(path)
     settings = {"prompts": prompts, "num_prompts": num_prompts, "max_new_tokens": max_new_tokens, "dtype": dtype}
     done = {_key(row) for row in rows}
-    todo = {head: missing for head in campaign_heads(directory)
+    todo = {head: missing for head in chosen_heads
             if (missing := [shape for shape in shapes if _key(_setting(head, shape, settings)) not in done])}
     if not todo:
         log(f"tau: nothing to measure ({len(rows)} rows in {path})")
