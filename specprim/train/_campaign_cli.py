@@ -316,8 +316,7 @@ def tau_command(args: argparse.Namespace) -> int:
 
 def cooldown_command(args: argparse.Namespace) -> int:
     require_campaign(args.run_dir)
-    if args.steps is not None:
-        at_least("--steps", args.steps, 1)
+    at_least("--steps", args.steps, 1)
     at_least("--threads", args.threads, 1)
     if not 0 <= args.min_lr_ratio <= 1:
         raise UsageError(f"--min-lr-ratio must be in [0, 1], got {args.min_lr_ratio}")
