@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 
 from specprim import presets
-from specprim.bench import conversation_ids, load_dataset
+from specprim.bench import conversation_ids, load_dataset, read_prompts
 from specprim.models import load, load_head, native_dtype
 from specprim.trees import parse_tree
 
@@ -34,7 +35,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("heads", nargs="+")
     parser.add_argument("--target", default="smollm2-135m-instruct")
-    parser.add_argument("--dataset", default="mt-bench")
+    parser.add_argument("--dataset", default="mt-bench", help="a built-in dataset or a JSONL prompts file")
     parser.add_argument("--num-prompts", type=int, default=30)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -44,7 +45,9 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     target, tokenizer = load(args.target, dtype=getattr(torch, args.dtype))
-    prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in load_dataset(args.dataset, args.num_prompts)]
+    chosen = read_prompts(args.dataset)[: args.num_prompts] if Path(args.dataset).is_file() else \
+        load_dataset(args.dataset, args.num_prompts)
+    prompts = [conversation_ids(tokenizer, p.turns[:1], []) for p in chosen]
     only = None if args.only is None else {(float(t), int(n)) for t, n in
                                            (pair.split(":") for pair in args.only.split(","))}
     shapes = [shape for shape in SHAPES if only is None or (shape[0], shape[1]) in only]
