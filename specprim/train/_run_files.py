@@ -9,6 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from specprim._jsonl import jsonl_lines
+
 __all__ = ["COOLDOWNS_NAME", "COOLED", "EVAL_NAME", "TAU_NAME", "complete_lines", "finished_cooldowns", "read_json",
            "read_jsonl", "write_json", "write_jsonl", "write_text"]
 
@@ -43,7 +45,7 @@ def read_jsonl(path: Path) -> list[Any]:
     """The records of a JSON-lines file (blank lines skipped), or ``[]`` when there is no such file."""
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [json.loads(line) for line in jsonl_lines(path.read_text(encoding="utf-8"))]
 
 
 def complete_lines(path: Path) -> int:
