@@ -23,6 +23,7 @@ from typing import Any
 
 from specprim.train._campaign import (
     _ACTIVE,
+    Campaign,
     _Budget,
     _Runner,
     format_accuracy,
@@ -47,16 +48,18 @@ def cooldown_name(step: int, decay_steps: int) -> str:
 
 @dataclass(frozen=True)
 class CooldownPlan:
-    """A cool-down about to run: the campaign ``run_dir`` and the cool-down's directory ``out``, the campaign's
-    trainer ``state`` it branches at (``step``, ``epoch``, ``batch``, ``tokens``), the training ``shards`` of its
-    data and how it decays."""
+    """A cool-down about to run: the ``campaign`` in ``run_dir`` and the cool-down's directory ``out``, the
+    campaign's trainer ``state`` it branches at (``step``, ``epoch``, ``batch``, ``tokens``), the training ``shards``
+    of its data, how it decays, and the ``branch`` record of ``cooldown.json`` where one was already made there."""
 
+    campaign: Campaign
     run_dir: Path
     out: Path
     state: dict[str, Any]
     shards: int
     decay_steps: int
     min_lr_ratio: float
+    branch: dict[str, Any] | None
 
 
 def plan_cooldown(run_dir: str | os.PathLike[str], decay_steps: int | None = None, *,
@@ -70,7 +73,7 @@ def plan_cooldown(run_dir: str | os.PathLike[str], decay_steps: int | None = Non
     if not 0 <= min_lr_ratio <= 1:
         raise ValueError(f"min_lr_ratio must be in [0, 1], got {min_lr_ratio}")
     directory = Path(run_dir)
-    load_campaign(directory)
+    campaign = load_campaign(directory)
     _check_idle(directory)
     state = trainer_state(directory / "train")
     segment = read_json(directory / "train" / "segment.json")
@@ -82,7 +85,7 @@ def plan_cooldown(run_dir: str | os.PathLike[str], decay_steps: int | None = Non
     if branch is not None and branch["min_lr_ratio"] != min_lr_ratio:
         raise ValueError(f"the cool-down in {out} decays to min_lr_ratio {branch['min_lr_ratio']}, not "
                          f"{min_lr_ratio}: rerun with that value to resume it, or move it away")
-    return CooldownPlan(directory, out, state, segment["shards"], decay_steps, min_lr_ratio)
+    return CooldownPlan(campaign, directory, out, state, segment["shards"], decay_steps, min_lr_ratio, branch)
 
 
 def cool_down(run_dir: str | os.PathLike[str], decay_steps: int | None = None, *, min_lr_ratio: float = 0.0,
@@ -97,11 +100,10 @@ def cool_down(run_dir: str | os.PathLike[str], decay_steps: int | None = None, *
     if done is not None:
         log(f"cooldown: {out.name} is finished ({format_accuracy(done)} at {done['trained_tokens']:,} tokens)")
         return done
-    campaign = load_campaign(plan.run_dir)
-    runner = _Runner(campaign, _Budget(None, None), log)
-    _, shards = plan_shards(runner.order(), campaign.data)
+    runner = _Runner(plan.campaign, _Budget(None, None), log)
+    _, shards = plan_shards(runner.order(), plan.campaign.data)
     dataset = runner.view(shards[: plan.shards], out / "view")
-    branch = read_json(out / "cooldown.json")
+    branch = plan.branch
     if branch is None:
         branch = {"from_step": state["step"], "from_tokens": state["tokens"], "shards": plan.shards,
                   "decay_steps": plan.decay_steps, "min_lr_ratio": min_lr_ratio,

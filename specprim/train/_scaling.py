@@ -63,30 +63,28 @@ def tau_label(measured: Mapping[str, Any]) -> str:
 
 def scaling_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a markdown table."""
-    depths = max(len(row["acc"]) for row in rows)
-    settings = _tau_settings(rows)
-    header = ["tokens trained", "distinct data tokens", *[f"top-1 depth {k}" for k in range(1, depths + 1)],
-              "greedy chain tau (teacher-forced)", *settings]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for row in rows:
-        cells = [f"{row['trained_tokens']:,}", f"{row['data_tokens']:,}", *[f"{a:.3f}" for a in row["acc"]],
-                 f"{row['chain_tau']:.2f}",
-                 *[f"{row['tau'][s]:.2f}" if s in row.get("tau", {}) else "" for s in settings]]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    return _table(rows, ["tokens trained", "distinct data tokens"],
+                  lambda row: [f"{row['trained_tokens']:,}", f"{row['data_tokens']:,}"])
 
 
 def cooldown_table(rows: list[dict[str, Any]]) -> str:
     """Cool-down rows as a markdown table."""
+    return _table(rows, ["cool-down", "branched at (tokens)", "decay steps", "tokens trained"],
+                  lambda row: [row["name"], f"{row['from_tokens']:,}", str(row["decay_steps"]),
+                               f"{row['trained_tokens']:,}"])
+
+
+def _table(rows: list[dict[str, Any]], lead: list[str], lead_cells: Any) -> str:
+    """A markdown table: the ``lead`` columns (``lead_cells(row)``), then top-1 by depth, the teacher-forced chain
+    tau and a column per decoding setting measured for any row."""
     depths = max(len(row["acc"]) for row in rows)
     settings = _tau_settings(rows)
-    header = ["cool-down", "branched at (tokens)", "decay steps", "tokens trained",
-              *[f"top-1 depth {k}" for k in range(1, depths + 1)], "greedy chain tau (teacher-forced)", *settings]
+    header = [*lead, *[f"top-1 depth {k}" for k in range(1, depths + 1)], "greedy chain tau (teacher-forced)",
+              *settings]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        cells = [row["name"], f"{row['from_tokens']:,}", str(row["decay_steps"]), f"{row['trained_tokens']:,}",
-                 *[f"{a:.3f}" for a in row["acc"]], f"{row['chain_tau']:.2f}",
-                 *[f"{row['tau'][s]:.2f}" if s in row["tau"] else "" for s in settings]]
+        cells = [*lead_cells(row), *[f"{a:.3f}" for a in row["acc"]], f"{row['chain_tau']:.2f}",
+                 *[f"{row['tau'][s]:.2f}" if s in row.get("tau", {}) else "" for s in settings]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
