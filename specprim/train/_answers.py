@@ -24,6 +24,7 @@ import torch
 from transformers import DynamicCache
 
 from specprim.hf import cache_kwarg, reserved_cache
+from specprim.sampling import argmax, sample
 
 __all__ = ["answer_prompts", "pick_tokens", "prefill_groups"]
 
@@ -34,11 +35,12 @@ PREFILL_WASTE = 0.15  # at most this share of a prefill group's positions is pad
 
 def pick_tokens(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """(B,) next tokens from (B, V) logits: the arg-max when ``temperature == 0``, else a draw from
-    ``softmax(logits / temperature)``."""
+    ``softmax(logits / temperature)`` (:func:`specprim.sampling.sample`: one uniform per row; ``torch.multinomial``
+    spent 30 % of a 64-row temperature-1 batch's time drawing 49,152 exponentials per row)."""
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # (B, V)
-    return torch.multinomial(probs, 1).squeeze(-1)
+    return sample(probs, None)
 
 
 @torch.no_grad()
