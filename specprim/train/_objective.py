@@ -17,6 +17,7 @@ from specprim.drafters import EagleHead, MTPHead
 from specprim.train._features import FeatureBatch, _normalise_layers
 from specprim.train._protocol import LossOn, Objective, ObjectiveOutput, loss_mask, shift
 from specprim.train._unrolled import Unrolling, draft_vocab_maps, unroll, unrolled_loss, unrolled_mask
+from specprim.train._unrolled_attention import unrolled_attention_in
 
 __all__ = ["EagleObjective", "MTPObjective", "Objective", "ObjectiveOutput", "loss_mask", "unrolled_mask"]
 
@@ -68,7 +69,8 @@ class EagleObjective(nn.Module):
         return self.module.new_cache()
 
     def step(self, tokens, state, positions, mask, cache):
-        out = self.module(tokens, state, position_ids=positions, attention_mask=mask, cache=cache)
+        with unrolled_attention_in(self.module.layer_config):  # the unrolled mask's attention without the mask
+            out = self.module(tokens, state, position_ids=positions, attention_mask=mask, cache=cache)
         return out.hidden, out.draft_logits  # (B, n, d), (B, n, V_d)
 
     def feature_loss(self, predicted: torch.Tensor, batch: FeatureBatch, offset: int, mask: torch.Tensor
