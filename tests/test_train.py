@@ -213,6 +213,16 @@ def test_feature_cache_holds_the_target_outputs(tmp_path):
     torch.testing.assert_close(shard["topk_logprobs"][first], expected)
 
 
+def test_top_logprobs_over_row_chunks_equal_a_whole_log_softmax():
+    from specprim.train._features import top_logprobs_of
+
+    logits = (4 * torch.randn(37, 50_000, generator=torch.Generator().manual_seed(0))).to(torch.bfloat16)  # 8 chunks
+    ids, values = top_logprobs_of(logits, 5)
+    want = torch.log_softmax(logits.float(), -1).topk(5)
+    assert torch.equal(ids, want.indices) and values.dtype == torch.float32
+    torch.testing.assert_close(values, want.values)
+
+
 def test_feature_cache_resumes_and_refuses_other_settings(tmp_path, monkeypatch):
     target = tiny_causal_lm("llama")
     examples = _examples(6)

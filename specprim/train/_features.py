@@ -35,6 +35,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from specprim._integrity import DamagedFileError, check_file, check_safetensors, write_atomically
+from specprim.train._chunks import row_chunks
 from specprim.train._data import Example
 from specprim.train._progress import progress_bar
 
@@ -201,8 +202,7 @@ def _shard_tensors(target: Any, examples: Sequence[Example], layers: Sequence[in
         ids = example.input_ids.to(device)[None]  # (1, T)
         out = target(input_ids=ids, output_hidden_states=True, use_cache=False)
         features.append(torch.stack([out.hidden_states[i][0] for i in layers], dim=1).to(torch.bfloat16).cpu())
-        logprobs = torch.log_softmax(out.logits[0].float(), dim=-1)  # (T, V)
-        values, indices = logprobs.topk(top_k, dim=-1)  # (T, K), sorted
+        indices, values = top_logprobs_of(out.logits[0], top_k)  # (T, K), (T, K)
         top_ids.append(indices.to(torch.int32).cpu())
         top_logprobs.append(values.cpu())
     return {
@@ -212,6 +212,19 @@ def _shard_tensors(target: Any, examples: Sequence[Example], layers: Sequence[in
         "topk_ids": torch.cat(top_ids).contiguous(),  # (N, K)
         "topk_logprobs": torch.cat(top_logprobs).contiguous(),  # (N, K)
     }
+
+
+def top_logprobs_of(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``top_k`` most likely tokens of (T, V) ``logits`` (long ids, sorted) and their float32 log-probabilities,
+    a few rows at a time (:func:`~specprim.train._chunks.row_chunks`: a whole float32 log-softmax of SmolLM2's
+    49,152-token vocabulary took several times as long)."""
+    ids = torch.empty(logits.shape[0], top_k, dtype=torch.long, device=logits.device)  # (T, K)
+    values = torch.empty(logits.shape[0], top_k, dtype=torch.float32, device=logits.device)  # (T, K)
+    for rows in row_chunks(logits):
+        part = logits[rows].float()  # (t, V)
+        top, ids[rows] = part.topk(top_k, dim=-1)
+        values[rows] = top - torch.logsumexp(part, dim=-1, keepdim=True)
+    return ids, values
 
 
 def _read_manifest(directory: Path) -> dict[str, Any] | None:

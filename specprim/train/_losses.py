@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from specprim.train._chunks import row_chunks
+
 __all__ = ["greedy_accuracy", "greedy_hits", "masked_fraction", "soft_cross_entropy"]
 
 
@@ -49,21 +51,18 @@ def soft_cross_entropy(
                                        weights.reshape(-1, k))
 
 
-CHUNK_ELEMENTS = 1 << 18  # logits a loss pass reads at once: 1 MiB of float32 stays in cache (8x faster than whole)
-
-
 class _WeightedCrossEntropy(torch.autograd.Function):
     """``-sum(weights * log_softmax(logits).gather(-1, ids))`` for (N, V) ``logits``, (N, K) ``ids`` and (N, K)
     float32 ``weights`` (no gradient), without a (N, V) float32 tensor: the forward pass keeps each row's log-sum-exp,
     the backward pass writes the gradient ``(softmax(logits) * sum(weights) - scatter(weights)) * grad`` in the dtype
-    of ``logits``, both a few rows at a time in float32 (:data:`CHUNK_ELEMENTS`). On a CPU the log-softmax, its
-    backward and the gather's backward over a whole EAGLE-3 batch (3,616 x 8,192 logits) took 185 ms a step; this
-    takes ~65 ms."""
+    of ``logits``, both a few rows at a time in float32 (:func:`~specprim.train._chunks.row_chunks`). On a CPU the
+    log-softmax, its backward and the gather's backward over a whole EAGLE-3 batch (3,616 x 8,192 logits) took 185 ms
+    a step; this takes ~65 ms."""
 
     @staticmethod
     def forward(ctx, logits: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)  # (N,)
-        for rows in _row_chunks(logits):
+        for rows in row_chunks(logits):
             lse[rows] = torch.logsumexp(logits[rows].float(), dim=-1)
         picked = logits.gather(-1, ids).float()  # (N, K)
         ctx.save_for_backward(logits, ids, weights, lse)
@@ -75,17 +74,11 @@ class _WeightedCrossEntropy(torch.autograd.Function):
             return None, None, None
         logits, ids, weights, lse = ctx.saved_tensors
         out = torch.empty_like(logits)  # (N, V)
-        for rows in _row_chunks(logits):
+        for rows in row_chunks(logits):
             part = torch.exp(logits[rows].float() - lse[rows, None])  # (n, V) softmax
             part.mul_(weights[rows].sum(-1, keepdim=True)).scatter_add_(-1, ids[rows], -weights[rows])
             out[rows] = part.mul_(grad)
         return out, None, None
-
-
-def _row_chunks(logits: torch.Tensor) -> list[slice]:
-    """Slices of the rows of (N, V) ``logits``, each about :data:`CHUNK_ELEMENTS` elements."""
-    step = max(1, CHUNK_ELEMENTS // logits.shape[-1])
-    return [slice(start, start + step) for start in range(0, logits.shape[0], step)]
 
 
 def greedy_hits(logits: torch.Tensor, topk_ids: torch.Tensor, d2t: torch.Tensor | None = None) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
     python benchmarks/results/throughput-2026-12-07/speed.py distill campaigns/smollm2-eagle3-fresh --shard 3
     python benchmarks/results/throughput-2026-12-07/speed.py train campaigns/smollm2-eagle3-fresh
+    python benchmarks/results/throughput-2026-12-07/speed.py cache campaigns/smollm2-eagle3-fresh --shard 2
 
 ``distill``: first-turn answers (temperature of the shard, 128 new tokens) to the first ``--prompts`` user turns of
 the shard's self-distilled file, through :func:`specprim.train._answers.answer_prompts` in bfloat16 with packed
@@ -11,6 +12,11 @@ at each ``--batch-sizes``. Answer tokens per second.
 ``train``: EAGLE-3 training steps over the campaign's cached shards (its head settings, a fresh head, AdamW, bf16
 autocast where native), with the log-softmax loss and SDPA over the unrolled mask (before) against the chunked loss
 and the merged attention (after); ``--warmup`` steps, then ``--steps`` timed. Trained tokens per second.
+
+``cache``: the feature-cache computation (the target's hidden states and top-K log-probabilities) of the first
+``--prompts`` conversations of the shard's self-distilled file, as the campaign renders them, in its feature dtype:
+a whole float32 log-softmax then top-K (before) against :func:`specprim.train._features.top_logprobs_of` (after).
+Rendered tokens per second.
 
 Run it on a quiet machine (stop any campaign first).
 """
@@ -26,8 +32,16 @@ from pathlib import Path
 import torch
 
 from specprim import models
-from specprim.train import _answers, _losses, _objective
-from specprim.train._campaign import _Budget, _Runner, load_campaign, plan_shards, resolved_mixed_precision
+from specprim.train import _answers, _features, _losses, _objective
+from specprim.train._campaign import (
+    _Budget,
+    _Runner,
+    load_campaign,
+    plan_shards,
+    render_all,
+    resolved_dtype,
+    resolved_mixed_precision,
+)
 
 
 def _log_softmax_loss(logits, topk_ids, topk_logprobs, mask, *, t2d=None, greedy=False):
@@ -45,6 +59,11 @@ def _multinomial(logits, temperature):
     return torch.multinomial(torch.softmax(logits.float() / temperature, dim=-1), 1).squeeze(-1)
 
 
+def _whole_log_softmax_top(logits, top_k):
+    values, ids = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+    return ids, values
+
+
 @contextlib.contextmanager
 def _before(part: str):
     """The code paths as they were before the change, for the duration of the block."""
@@ -52,6 +71,9 @@ def _before(part: str):
     if part == "distill":
         saved[(_answers, "pick_tokens")] = _answers.pick_tokens
         _answers.pick_tokens = _multinomial
+    elif part == "cache":
+        saved[(_features, "top_logprobs_of")] = _features.top_logprobs_of
+        _features.top_logprobs_of = _whole_log_softmax_top
     else:
         saved[(_objective, "unrolled_attention_in")] = _objective.unrolled_attention_in
         _objective.unrolled_attention_in = lambda config: contextlib.nullcontext()
@@ -130,9 +152,30 @@ def train(args: argparse.Namespace) -> None:
               f"(loss of the last step {out.metrics['loss']:.3f})", flush=True)
 
 
+def cache(args: argparse.Namespace) -> None:
+    campaign = load_campaign(args.run_dir)
+    runner = _Runner(campaign, _Budget(None, None), print)
+    directory = Path(args.run_dir) / "shards" / f"{args.shard:05d}"
+    lines = (directory / "distilled.jsonl").read_text(encoding="utf-8").split("\n")[: args.prompts]
+    examples = render_all(runner.tokenizer, [json.loads(line) for line in lines if line],
+                          max_length=campaign.data.max_length)
+    model = runner.model(campaign.feature_dtype)
+    layers = runner.layers()
+    tokens = sum(len(e.input_ids) for e in examples)
+    for label, context in (("before", _before("cache")), ("after", contextlib.nullcontext())):
+        with context, torch.no_grad():
+            _features._shard_tensors(model, examples[:2], layers, campaign.data.top_k, torch.device("cpu"))
+            started = time.perf_counter()
+            result = _features._shard_tensors(model, examples, layers, campaign.data.top_k, torch.device("cpu"))
+            seconds = time.perf_counter() - started
+        print(f"cache {label}: {len(examples)} conversations, {tokens} tokens in {seconds:.1f} s = "
+              f"{tokens / seconds:.0f} tok/s ({resolved_dtype(campaign.feature_dtype)}; top-1 ids "
+              f"{result['topk_ids'][:, 0].sum()})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("part", choices=("distill", "train"))
+    parser.add_argument("part", choices=("distill", "train", "cache"))
     parser.add_argument("run_dir")
     parser.add_argument("--shard", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=256)
@@ -143,7 +186,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    (distill if args.part == "distill" else train)(args)
+    {"distill": distill, "train": train, "cache": cache}[args.part](args)
 
 
 if __name__ == "__main__":
