@@ -4,10 +4,11 @@
     python benchmarks/results/throughput-2026-12-07/speed.py train campaigns/smollm2-eagle3-fresh
     python benchmarks/results/throughput-2026-12-07/speed.py cache campaigns/smollm2-eagle3-fresh --shard 2
 
-``distill``: first-turn answers (temperature of the shard, 128 new tokens) to the first ``--prompts`` user turns of
-the shard's self-distilled file, through :func:`specprim.train._answers.answer_prompts` in bfloat16 with packed
-linears, drawing each token with ``torch.multinomial`` (before) and with :func:`specprim.sampling.sample` (after),
-at each ``--batch-sizes``. Answer tokens per second.
+``distill``: answers (temperature of the shard, ``--new-tokens``) to the conversations at positions ``--start ..
+--start + --prompts`` of the shard's self-distilled file, cut before their ``--turn``-th answer (first turns by
+default; conversations with fewer turns left out), through :func:`specprim.train._answers.answer_prompts` in
+bfloat16 with packed linears, drawing each token with ``torch.multinomial`` (before) and with
+:func:`specprim.sampling.sample` (after), at each ``--batch-sizes`` (``--after-only``: the new path only). Answer tokens per second.
 
 ``train``: EAGLE-3 training steps over the campaign's cached shards (its head settings, a fresh head, AdamW, bf16
 autocast where native), with the log-softmax loss and SDPA over the unrolled mask (before) against the chunked loss
@@ -94,22 +95,29 @@ def distill(args: argparse.Namespace) -> None:
     directory = Path(args.run_dir) / "shards" / f"{args.shard:05d}"
     path = directory / "distilled.jsonl"
     path = path if path.is_file() else directory / ".distilled.jsonl.partial"
-    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n")[: args.prompts] if line]
+    lines = [json.loads(line) for line in path.read_text(encoding="utf-8").split("\n") if line]
     temperature = json.loads((directory / "distilled.json").read_text())["temperature"] if (
         directory / "distilled.json").is_file() else 1.0
     prompts = []
-    for conversation in lines:
-        turn = [m for m in conversation if m["role"] != "assistant"][:2 if conversation[0]["role"] == "system" else 1]
-        text = tokenizer.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+    for conversation in lines[args.start:args.start + args.prompts]:
+        answers = [i for i, m in enumerate(conversation) if m["role"] == "assistant"]
+        if len(answers) < args.turn:
+            continue
+        text = tokenizer.apply_chat_template(conversation[:answers[args.turn - 1]], tokenize=False,
+                                             add_generation_prompt=True)
         prompts.append(tokenizer(text, add_special_tokens=False).input_ids[-512:])
+    print(f"{len(prompts)} prompts at turn {args.turn}, {sum(map(len, prompts)) / len(prompts):.0f} tokens on "
+          f"average", flush=True)
     ends = {tokenizer.eos_token_id}
     for batch_size in args.batch_sizes:
-        for label, context in (("before", _before("distill")), ("after", contextlib.nullcontext())):
+        variants = [("before", _before("distill"))] if not args.after_only else []
+        for label, context in [*variants, ("after", contextlib.nullcontext())]:
             with context:
                 started, tokens = time.perf_counter(), 0
                 for start in range(0, len(prompts), batch_size):
                     torch.manual_seed(start)
-                    answers = _answers.answer_prompts(model, prompts[start:start + batch_size], max_new_tokens=128,
+                    answers = _answers.answer_prompts(model, prompts[start:start + batch_size],
+                                                      max_new_tokens=args.new_tokens,
                                                       temperature=temperature, eos_token_ids=ends)
                     tokens += sum(len(a) for a in answers)
                 seconds = time.perf_counter() - started
@@ -179,6 +187,10 @@ def main() -> None:
     parser.add_argument("run_dir")
     parser.add_argument("--shard", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=256)
+    parser.add_argument("--start", type=int, default=0)
+    parser.add_argument("--turn", type=int, default=1)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--after-only", action="store_true")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=8)
