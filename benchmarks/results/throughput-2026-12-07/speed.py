@@ -8,7 +8,8 @@
 --start + --prompts`` of the shard's self-distilled file, cut before their ``--turn``-th answer (first turns by
 default; conversations with fewer turns left out), through :func:`specprim.train._answers.answer_prompts` in
 bfloat16 with packed linears, drawing each token with ``torch.multinomial`` (before) and with
-:func:`specprim.sampling.sample` (after), at each ``--batch-sizes`` (``--after-only``: the new path only). Answer tokens per second.
+:func:`specprim.sampling.sample` (after), at each ``--batch-sizes`` (``--after-only``: the new path only).
+Answer tokens per second.
 
 ``train``: EAGLE-3 training steps over the campaign's cached shards (its head settings, a fresh head, AdamW, bf16
 autocast where native), with the log-softmax loss and SDPA over the unrolled mask (before) against the chunked loss
