@@ -15,6 +15,9 @@ CHUNK_ELEMENTS = 1 << 18  # 1 MiB of float32
 
 
 def row_chunks(rows: torch.Tensor, elements: int = CHUNK_ELEMENTS) -> list[slice]:
-    """Slices over the first dimension of (N, V) ``rows``, each about ``elements`` elements (at least one row)."""
+    """Slices over the first dimension of (N, V) ``rows``, each about ``elements`` elements (at least one row); on
+    an accelerator one slice of all (there a pass is a kernel launch, and many small ones cost more)."""
+    if rows.device.type != "cpu":
+        return [slice(0, rows.shape[0])]
     step = max(1, elements // rows.shape[-1])
     return [slice(start, start + step) for start in range(0, rows.shape[0], step)]
