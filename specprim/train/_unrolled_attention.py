@@ -110,21 +110,23 @@ class _MergedAttention(torch.autograd.Function):
         scale, length = ctx.scale, query.shape[2]
         steps = key.shape[2] // length
         grad = grad.contiguous()
+        grad32 = grad.float()  # (B, H, n, D), converted once for every term below
         first_share = torch.exp(first_lse - total)[..., None]  # (B, H, n, 1)
         grad_query, grad_key0, grad_value0 = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward(
-            (first_share * grad.float()).to(grad.dtype), query, key[:, :, :length], value[:, :, :length], out,
+            (first_share * grad32).to(grad.dtype), query, key[:, :, :length], value[:, :, :length], out,
             first_lse, 0.0, True, scale=scale)
         grad_query = grad_query.float()
         keys, values = [grad_key0], [grad_value0]
         if steps > 1:
-            row_term = (grad.float() * out.float()).sum(-1)  # (B, H, n) the softmax's D
+            query32 = query.float()
+            row_term = (grad32 * out.float()).sum(-1)  # (B, H, n) the softmax's D
             for j in range(1, steps):
                 own = slice(j * length, (j + 1) * length)
                 share = torch.exp(diagonal[j - 1] - total)  # (B, H, n)
-                d_score = share * ((grad.float() * value[:, :, own].float()).sum(-1) - row_term)  # (B, H, n)
+                d_score = share * ((grad32 * value[:, :, own].float()).sum(-1) - row_term)  # (B, H, n)
                 grad_query += scale * d_score[..., None] * key[:, :, own].float()
-                keys.append((scale * d_score[..., None] * query.float()).to(key.dtype))
-                values.append((share[..., None] * grad.float()).to(value.dtype))
+                keys.append((scale * d_score[..., None] * query32).to(key.dtype))
+                values.append((share[..., None] * grad32).to(value.dtype))
         return grad_query.to(query.dtype), torch.cat(keys, dim=2), torch.cat(values, dim=2), None
 
 
