@@ -1,6 +1,10 @@
 """specprim.train._answers: prompts of unequal lengths prefilled alone or in groups of about one length and decoded
-together give each prompt the tokens of decoding it alone (greedy), finished rows are dropped without disturbing the
-others, sampling draws from softmax(logits / T), and bad prompts and settings are refused."""
+together or in length groups give each prompt the tokens of decoding it alone (greedy), finished rows are dropped
+without disturbing the others, the length groups are the cheapest split, sampling draws from softmax(logits / T),
+and bad prompts and settings are refused."""
+
+import itertools
+import random
 
 import pytest
 import torch
@@ -9,7 +13,7 @@ from transformers import DynamicCache
 
 from specprim.hf import cache_kwarg, reserved_cache
 from specprim.hf._reserved_cache import ReservedLayer
-from specprim.train._answers import _prefill, answer_prompts, pick_tokens, prefill_groups
+from specprim.train._answers import _prefill, answer_prompts, decode_groups, pick_tokens, prefill_groups
 
 
 def _prompts():
@@ -27,7 +31,8 @@ def _alone(model, prompt, max_new_tokens, eos):
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "gemma3"])
-def test_each_answer_is_the_prompt_decoded_alone(arch, monkeypatch):
+@pytest.mark.parametrize("step_positions", [None, 2])  # one decoding group; four (lengths 1-2, 4, 9, 12-13)
+def test_each_answer_is_the_prompt_decoded_alone(arch, step_positions, monkeypatch):
     model = tiny_causal_lm(arch, seed=2)
     dropped = []
     real = ReservedLayer.batch_select_indices
@@ -37,7 +42,9 @@ def test_each_answer_is_the_prompt_decoded_alone(arch, monkeypatch):
     # an end token that some rows write early: the most frequent first token of the unbounded answers
     free = [_alone(model, p, 10, eos=0) for p in prompts]
     eos = max({a[1] for a in free}, key=[a[1] for a in free].count)
-    got = answer_prompts(model, prompts, max_new_tokens=10, temperature=0.0, eos_token_ids={eos})
+    grouping = {} if step_positions is None else {"step_positions": step_positions}
+    assert len(decode_groups(list(map(len, prompts)), **grouping)) == (1 if step_positions is None else 4)
+    got = answer_prompts(model, prompts, max_new_tokens=10, temperature=0.0, eos_token_ids={eos}, **grouping)
     want = [_alone(model, p, 10, eos) for p in prompts]
     assert got == want
     assert any(len(a) < 10 for a in want) and any(len(a) == 10 for a in want)
@@ -50,6 +57,33 @@ def test_prefill_groups_hold_prompts_of_about_one_length():
     assert prefill_groups([600, 600, 10]) == [[2], [0], [1]]  # two of 600 would hold 1,200 positions
     assert prefill_groups([10, 20]) == [[0], [1]]  # half the group would be padding
     assert prefill_groups([]) == []
+
+
+def _split_cost(lengths, groups, step_positions):
+    return sum(step_positions + len(g) * max(lengths[i] for i in g) for g in groups)
+
+
+def test_decode_groups_are_the_cheapest_split_by_length():
+    ours = [9, 1, 4, 12, 2, 13, 12]  # _prompts()
+    assert decode_groups(ours, step_positions=2) == [[1, 4], [2], [0], [3, 6, 5]]
+    assert decode_groups(ours, step_positions=20) == [[1, 4, 2], [0, 3, 6, 5]]
+    assert decode_groups(ours) == [[1, 4, 2, 0, 3, 6, 5]]
+    assert decode_groups([500, 100, 100], step_positions=700) == [[1, 2], [0]]  # 700 + 200 + 700 + 500 < 1,500 + 700
+    assert decode_groups([500, 100, 100], step_positions=900) == [[1, 2, 0]]
+    assert decode_groups([]) == []
+    rng = random.Random(0)
+    for _ in range(50):  # against every split of the sorted lengths into runs
+        lengths = [rng.randint(1, 60) for _ in range(rng.randint(1, 8))]
+        step_positions = rng.choice([0, 5, 30, 200])
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        cheapest = min(_split_cost(lengths, [order[a:b] for a, b in itertools.pairwise([0, *cuts, len(order)])],
+                                   step_positions)
+                       for k in range(len(order)) for cuts in itertools.combinations(range(1, len(order)), k))
+        groups = decode_groups(lengths, step_positions=step_positions)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        assert _split_cost(lengths, groups, step_positions) == cheapest
+    with pytest.raises(ValueError, match="step_positions must be >= 0"):
+        decode_groups([3], step_positions=-1)
 
 
 @pytest.mark.parametrize("arch", [a for a in ARCHITECTURES if a != "gemma3"])

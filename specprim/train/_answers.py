@@ -5,8 +5,10 @@ prefills every prompt at the batch's widest (left padding was 37 % of the prefil
 three-turn ShareGPT batches) and keeps decoding rows that have finished until the longest answer ends (22 % of the
 decoded rows). :func:`answer_prompts` prefills the prompts alone or in small groups of about one length, places
 their keys and values right-aligned in one :func:`~specprim.hf.reserved_cache` (zeros where a shorter prompt leaves
-room, masked out), decodes all rows together and drops finished rows from the batch (and from the cache) once they
-make up an eighth of it.
+room, masked out), decodes the rows together and drops finished rows from the batch (and from the cache) once they
+make up an eighth of it. A batch whose prompts differ much in length decodes in groups of about one length
+(:func:`decode_groups`): every decoding step reads each row's keys and values at the group's widest, so one wide
+batch of short and long prompts pays the long prompts' width for every row.
 
 Each row's tokens are those of decoding it alone up to floating-point rounding: greedy takes the arg-max of the
 logits and sampling draws from ``softmax(logits / temperature)`` (no top-k, no top-p), the settings of
@@ -26,11 +28,12 @@ from transformers import DynamicCache
 from specprim.hf import cache_kwarg, reserved_cache
 from specprim.sampling import argmax, sample
 
-__all__ = ["answer_prompts", "pick_tokens", "prefill_groups"]
+__all__ = ["answer_prompts", "decode_groups", "pick_tokens", "prefill_groups"]
 
 EVICT_SHARE = 8  # drop finished rows once they are at least 1/EVICT_SHARE of the batch
 PREFILL_TOKENS = 1024  # positions a prefill group holds (one prompt of 500 alone ran faster than 16 together)
 PREFILL_WASTE = 0.15  # at most this share of a prefill group's positions is padding
+STEP_POSITIONS = 12_000  # a decoding step's fixed cost, in cache positions read (SmolLM2-135M, bf16, 2-core Xeon)
 
 
 def pick_tokens(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -45,13 +48,27 @@ def pick_tokens(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 @torch.no_grad()
 def answer_prompts(target: Any, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
-                   eos_token_ids: Collection[int]) -> list[list[int]]:
+                   eos_token_ids: Collection[int], step_positions: int = STEP_POSITIONS) -> list[list[int]]:
     """The tokens ``target`` writes after each prompt (token ids, unpadded), up to and including an end token or
-    ``max_new_tokens`` of them. The target's default cache must be one :func:`~specprim.hf.reserved_cache_fits`."""
+    ``max_new_tokens`` of them. The target's default cache must be one :func:`~specprim.hf.reserved_cache_fits`.
+    The prompts decode in :func:`decode_groups` of ``step_positions``; a group's draws come after the previous
+    group's, so a seed fixes the answers for given prompts and settings."""
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("every prompt needs at least one token")
     if max_new_tokens < 1 or temperature < 0:
         raise ValueError(f"max_new_tokens must be >= 1 and temperature >= 0, got {max_new_tokens} and {temperature}")
+    answers: list[list[int]] = [[] for _ in prompts]
+    stop = sorted(eos_token_ids)
+    for group in decode_groups([len(p) for p in prompts], step_positions=step_positions):
+        own = _answer_group(target, [prompts[b] for b in group], max_new_tokens, temperature, stop)
+        for b, answer in zip(group, own, strict=True):
+            answers[b] = answer
+    return answers
+
+
+def _answer_group(target: Any, prompts: Sequence[Sequence[int]], max_new_tokens: int, temperature: float,
+                  eos_token_ids: Sequence[int]) -> list[list[int]]:
+    """:func:`answer_prompts` for prompts decoded together in one reserved cache."""
     device = target.get_input_embeddings().weight.device
     width = max(len(p) for p in prompts)
     cache = reserved_cache(width + max_new_tokens)
@@ -62,7 +79,7 @@ def answer_prompts(target: Any, prompts: Sequence[Sequence[int]], *, max_new_tok
     last = torch.tensor([p[-1] for p in prompts], device=device)  # (B,)
     rows = torch.arange(len(prompts), device=device)  # (b,) the prompt index of each live row
     ended = torch.zeros(len(prompts), dtype=torch.bool, device=device)  # (b,)
-    stop = torch.tensor(sorted(eos_token_ids), dtype=torch.long, device=device)
+    stop = torch.tensor(eos_token_ids, dtype=torch.long, device=device)
     answers: list[list[int]] = [[] for _ in prompts]
     for step in range(max_new_tokens):
         logits = target(input_ids=last[:, None], attention_mask=mask, position_ids=positions[:, None],
@@ -81,6 +98,27 @@ def answer_prompts(target: Any, prompts: Sequence[Sequence[int]], *, max_new_tok
             cache.batch_select_indices(keep)
             rows, mask, positions, last, ended = rows[keep], mask[keep], positions[keep], last[keep], ended[keep]
     return answers
+
+
+def decode_groups(lengths: Sequence[int], *, step_positions: int = STEP_POSITIONS) -> list[list[int]]:
+    """Indices of ``lengths`` (prompt lengths) in groups to decode together, shortest group first: the split of the
+    lengths, in ascending order, into runs that minimises ``sum(step_positions + len(run) * max(run))``, a decoding
+    step's cost summed over the groups when a step costs ``step_positions`` cache positions' reading plus one
+    position per row and cached position at the group's widest (the rows' own work is the same in any split)."""
+    if step_positions < 0:
+        raise ValueError(f"step_positions must be >= 0, got {step_positions}")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    # best[j]: the least cost of the first j lengths in order; cut[j]: where the last run of that split starts
+    best, cut = [0] * (len(order) + 1), [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        widest = lengths[order[j - 1]]
+        best[j], cut[j] = min((best[i] + step_positions + (j - i) * widest, i) for i in range(j))
+    groups: list[list[int]] = []
+    j = len(order)
+    while j > 0:
+        groups.append(order[cut[j]:j])
+        j = cut[j]
+    return groups[::-1]
 
 
 def _prefill(target: Any, prompts: Sequence[Sequence[int]], width: int, cache: Any, device: torch.device, *,
