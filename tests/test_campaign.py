@@ -248,6 +248,27 @@ def test_compute_settings_follow_the_machine_and_may_change_on_resume(tiny, monk
     shutil.rmtree(run)
 
 
+def test_a_higher_train_ratio_on_resume_trains_on_over_the_shards_it_has(tiny):
+    """A campaign whose data plan ran out at one trained token per cached token, resumed at two: the head goes on
+    from its checkpoint over the same shards (its evaluations so far kept, no retraining, no data made)."""
+    run = tiny / "ratio"
+    once = _campaign(tiny, run, train_ratio=1.0, milestones=(10**6,), max_train_tokens=None)
+    first = run_campaign(once, log=_quiet)
+    assert first.data_exhausted and first.trained_tokens < 2 * first.cached_tokens
+    evaluations = (run / "eval.jsonl").read_text().splitlines()
+    lines = []
+    twice = dataclasses.replace(once, head=dataclasses.replace(once.head, train_ratio=2.0))
+    second = run_campaign(twice, log=lines.append)
+    assert "from now on train_ratio: 1.0 -> 2.0 (what is done keeps its own)" in lines
+    assert second.data_exhausted and second.trained_tokens >= 2 * second.cached_tokens
+    assert (second.generated_tokens, second.cached_tokens) == (first.generated_tokens, first.cached_tokens)
+    assert second.step > first.step
+    assert (run / "eval.jsonl").read_text().splitlines()[: len(evaluations)] == evaluations
+    assert json.loads((run / "campaign.json").read_text())["head"]["train_ratio"] == 2.0
+    assert not list(run.glob("retrained-*"))
+    shutil.rmtree(run)
+
+
 def test_order_skips_the_first_items_benchmark_questions_and_long_prompts(monkeypatch):
     data = CampaignData(skip_first=1, holdout=1, max_turns=2, max_prompt_chars=100, exclude_benchmarks=("mt-bench",))
     question = "compose an engaging travel blog post about a recent trip to hawaii highlighting culture"

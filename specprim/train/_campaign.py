@@ -74,9 +74,9 @@ __all__ = [
 DEFAULT_MILESTONES = (500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000)
 CONFIG_NAME = "campaign.json"
 _DTYPES = ("auto", "float32", "bfloat16")
-# how the target and the head compute and when the campaign ends, not what it computes: may change on resume
+# how the target and the head compute and how long the head trains, not what it computes: may change on resume
 _RESUME_SETTINGS = ("distill_dtype", "feature_dtype", "data.batch_size", "head.mixed_precision",
-                     "head.max_train_tokens")
+                     "head.train_ratio", "head.max_train_tokens")
 _GENERATED_PER_CACHED = {"target": 0.7, "source": 0.0}  # generated tokens per cached token before any is known
 _RECENT = 20  # units of work the rates of `campaign status` are measured over
 _SHINGLE = 8  # words in a row shared with a benchmark question that exclude a conversation
@@ -251,10 +251,10 @@ class Campaign:
         distill_dtype, feature_dtype: the target's dtype while answering and while computing features: ``"auto"``
             (:func:`specprim.models.native_dtype`, decided by the machine each run resumes on), ``"float32"`` or
             ``"bfloat16"`` (packed weights on a CPU that can pack them). The head trains against a float32 target.
-            Unlike the other settings, these, ``data.batch_size``, ``head.mixed_precision`` and
-            ``head.max_train_tokens`` may change when a run resumes (a campaign moved to a machine without native
-            bfloat16, or with room for larger batches; a run to be taken further); each shard records the dtype it
-            was made in.
+            Unlike the other settings, these, ``data.batch_size``, ``head.mixed_precision``, ``head.train_ratio``
+            and ``head.max_train_tokens`` may change when a run resumes (a campaign moved to a machine without native
+            bfloat16, or with room for larger batches; a run to be taken further, or trained longer on the data it
+            has); each shard records the dtype it was made in.
     """
 
     target: str
@@ -907,10 +907,11 @@ def run_campaign(campaign: Campaign, *, max_seconds: float | None = None, max_it
     training segment) once ``max_seconds`` have passed or ``max_items`` units have run in this call; a later call
     continues. ``before_unit`` is called before each unit (e.g. :func:`adapt_threads`). The first call writes
     ``campaign.json``; a later call with other settings raises ``ValueError`` naming them (the settings that may
-    change on resume: dtypes, the self-distillation batch size, mixed precision and ``max_train_tokens``, are saved
-    and apply to the work still to do), unless only the head's settings differ and ``retrain`` is set: the training
-    so far (``train/``, ``eval.jsonl``, ``milestones/``) then moves to ``retrained-<n>/`` and the head trains again
-    from the start on the data already made. Returns the :func:`campaign_status` at the end.
+    change on resume: dtypes, the self-distillation batch size, mixed precision, ``train_ratio`` and
+    ``max_train_tokens``, are saved and apply to the work still to do), unless only the head's settings differ and
+    ``retrain`` is set: the training so far (``train/``, ``eval.jsonl``, ``milestones/``) then moves to
+    ``retrained-<n>/`` and the head trains again from the start on the data already made. Returns the
+    :func:`campaign_status` at the end.
     """
     if max_seconds is not None and max_seconds < 0:
         raise ValueError(f"max_seconds must be >= 0, got {max_seconds}")

@@ -117,7 +117,8 @@ def add_campaign_parser(commands: argparse._SubParsersAction) -> argparse.Argume
     head.add_argument("--mixed-precision", choices=("auto", "no", "bf16"),
                       help="bf16 autocast while training (default auto: where bfloat16 is native; may change when a "
                            "run resumes)")
-    head.add_argument("--train-ratio", help="tokens trained per cached token (default 2)")
+    head.add_argument("--train-ratio", help="tokens trained per cached token (default 2; may change when a run "
+                                            "resumes: raised, the head trains on over the shards it has)")
     head.add_argument("--segment-steps", help="most steps between held-out evaluations (default 100)")
     head.add_argument("--checkpoint-every")
     head.add_argument("--log-every")
