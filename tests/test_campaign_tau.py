@@ -10,6 +10,7 @@ import pytest
 from test_campaign import tiny, whole  # noqa: F401  (fixtures: a tiny campaign run to its end)
 
 from specprim import cli, presets
+from specprim._tau_error import PromptCounts, tau_estimate
 from specprim.models import load, load_head
 from specprim.train._campaign_tau import TauShape, campaign_heads, measure_campaign_tau, parse_shape
 from specprim.train._scaling import plot_scaling, scaling_rows, scaling_table
@@ -52,14 +53,18 @@ def test_tau_is_that_of_decoding_with_each_head_and_is_measured_once(run, tiny):
     target, tokenizer = load(str(tiny / "model"))
     for row, head in zip(rows, campaign_heads(run_dir), strict=True):
         method = presets.eagle3(load_head(head.location, target), Chain(2))
-        accepted = steps = 0
+        per_prompt = []
         for line in prompts.read_text().splitlines():
             ids = tokenizer.apply_chat_template([{"role": "user", "content": json.loads(line)["prompt"]}],
                                                 add_generation_prompt=True, return_tensors="pt", return_dict=True)
             out = method.generate(target, ids["input_ids"], max_new_tokens=6, eos_token_id=tokenizer.eos_token_id)
-            accepted, steps = accepted + sum(out.stats.accepted), steps + out.stats.steps
+            per_prompt.append((sum(out.stats.accepted), out.stats.steps))
+        accepted, steps = (sum(column) for column in zip(*per_prompt, strict=True))
         assert row["tau"] == pytest.approx((accepted + steps) / steps) and 1 <= row["tau"] <= 3
         assert row["trained_tokens"] == head.trained_tokens and row["steps"] == steps
+        assert list(zip(row["prompt_accepted"], row["prompt_steps"], strict=True)) == per_prompt
+        counts = PromptCounts(row["prompt_accepted"], row["prompt_steps"])
+        assert row["stderr"] == tau_estimate(counts).stderr
     saved = (run_dir / "tau.jsonl").read_bytes()
     assert measure_campaign_tau(run_dir, prompts=str(prompts), num_prompts=3, max_new_tokens=6, shapes=[GREEDY],
                                 log=lines.append) == rows
@@ -94,7 +99,8 @@ def test_the_command_measures_and_bad_options_give_a_one_line_error(run, capsys)
     assert cli.main(["campaign", "tau", str(run_dir), "--prompts", str(prompts), "--num-prompts", "1",
                      "--max-new-tokens", "3", "--shape", "0:chain:1", "--dtype", "float32", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"tau: 200 \([\d,]+ tokens trained\), T=0 chain:1: \d\.\d{3} over \d+ target forwards", out)
+    assert re.search(r"tau: 200 \([\d,]+ tokens trained\), T=0 chain:1: \d\.\d{3} \+- \d\.\d{3} over \d+ target "
+                     r"forwards", out)
     assert "3 measurements in" in out
     for options, message in ((["--shape", "1.5"], "a shape is TEMPERATURE:TREE"),
                              (["--shape=-1:chain:2"], "a shape is TEMPERATURE:TREE"),

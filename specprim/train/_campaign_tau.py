@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from specprim import presets
+from specprim._tau_error import PromptCounts, tau_estimate
 from specprim.bench import conversation_ids, load_dataset, read_prompts
 from specprim.models import load, load_head
 from specprim.train._campaign import load_campaign
@@ -34,8 +35,8 @@ from specprim.train._run_files import (
 )
 from specprim.trees import parse_tree
 
-__all__ = ["DEFAULT_SHAPES", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau", "select_heads",
-           "parse_shape"]
+__all__ = ["DEFAULT_SHAPES", "CampaignHead", "TauShape", "campaign_heads", "measure_campaign_tau", "parse_shape",
+           "prompt_counts", "select_heads"]
 
 
 
@@ -148,26 +149,30 @@ def measure_campaign_tau(run_dir: str | os.PathLike[str], *, prompts: str = "mt-
         drafter = load_head(head.location, target)
         for shape in missing:
             started = time.perf_counter()
-            tau, steps = _tau(presets.eagle3(drafter, parse_tree(shape.tree)), target, ids, shape.temperature,
-                              options)
-            row = {**_setting(head, shape, settings), "tau": tau, "steps": steps,
+            counts = prompt_counts(presets.eagle3(drafter, parse_tree(shape.tree)), target, ids, shape.temperature,
+                                   options)
+            estimate, steps = tau_estimate(counts), sum(counts.steps)
+            row = {**_setting(head, shape, settings), "tau": estimate.tau, "stderr": estimate.stderr, "steps": steps,
+                   "prompt_accepted": list(counts.accepted), "prompt_steps": list(counts.steps),
                    "seconds": round(time.perf_counter() - started, 1)}
             rows.append(row)
             write_jsonl(path, rows)
-            log(f"tau: {head.label} ({head.trained_tokens:,} tokens trained), {shape.label}: {tau:.3f} "
-                f"over {steps} target forwards ({row['seconds']} s)")
+            log(f"tau: {head.label} ({head.trained_tokens:,} tokens trained), {shape.label}: {estimate.tau:.3f} "
+                f"+- {estimate.stderr:.3f} over {steps} target forwards ({row['seconds']} s)")
     return rows
 
 
-def _tau(method: Any, target: Any, ids: Sequence[torch.Tensor], temperature: float, options: dict[str, Any]
-         ) -> tuple[float, int]:
-    """(tau, target forwards) of ``method`` over the prompts ``ids``, each (1, T), one seed per prompt."""
-    accepted = steps = 0
+def prompt_counts(method: Any, target: Any, ids: Sequence[torch.Tensor], temperature: float,
+                  options: dict[str, Any]) -> PromptCounts:
+    """Tokens accepted and target forwards of ``method`` on each of the prompts ``ids`` (each (1, T)), decoding with
+    ``options`` (``max_new_tokens``, ...) at ``temperature``, prompt ``i`` sampled with seed ``i``."""
+    accepted, steps = [], []
     for i, prompt_ids in enumerate(ids):
         out = method.generate(target, prompt_ids, generator=torch.Generator().manual_seed(i), **options,
                               **({"temperature": temperature} if temperature > 0 else {}))
-        accepted, steps = accepted + sum(out.stats.accepted), steps + out.stats.steps
-    return (accepted + steps) / steps, steps
+        accepted.append(sum(out.stats.accepted))
+        steps.append(out.stats.steps)
+    return PromptCounts(accepted, steps)
 
 
 def _setting(head: CampaignHead, shape: TauShape, settings: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,8 @@ measured, so it may run beside other jobs:
 HEAD: a head directory or a shipped head's name. Trees (verified nodes beside the root): greedy chain:1 (1),
 dynamic:depth=3,top_k=3,budget=3 (3), dynamic:depth=5,top_k=4,budget=8 (8), dynamic:depth=6,top_k=8,budget=32 (32);
 temperature 1: sampled:2,1,1,1 (8), sampled:4,2,1,1 (28). ``--only 0:8,1:8`` keeps the shapes of those
-temperature:nodes pairs.
+temperature:nodes pairs. Each row has tau's standard error over prompts and, for every head after the first, the
+paired difference from the first head's tau on the same prompts with its standard error.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from pathlib import Path
 import torch
 
 from specprim import presets
+from specprim._tau_error import tau_difference, tau_estimate
 from specprim.bench import conversation_ids, load_dataset, read_prompts
 from specprim.models import load, load_head, native_dtype
+from specprim.train._campaign_tau import prompt_counts
 from specprim.trees import parse_tree
 
 SHAPES = [  # (temperature, nodes, tree)
@@ -51,21 +54,21 @@ def main() -> None:
     only = None if args.only is None else {(float(t), int(n)) for t, n in
                                            (pair.split(":") for pair in args.only.split(","))}
     shapes = [shape for shape in SHAPES if only is None or (shape[0], shape[1]) in only]
-    rows = []
+    options = {"max_new_tokens": args.max_new_tokens, "eos_token_id": tokenizer.eos_token_id}
+    rows, counts = [], {}
     for name in args.heads:
         head = load_head(name, target)
         for temperature, nodes, spec in shapes:
-            method = presets.eagle3(head, parse_tree(spec))
-            options = {"max_new_tokens": args.max_new_tokens, "eos_token_id": tokenizer.eos_token_id}
-            if temperature > 0:
-                options["temperature"] = temperature
-            accepted = steps = 0
-            for i, ids in enumerate(prompts):
-                out = method.generate(target, ids, generator=torch.Generator().manual_seed(i), **options)
-                accepted, steps = accepted + sum(out.stats.accepted), steps + out.stats.steps
-            row = {"head": name, "temperature": temperature, "nodes": nodes, "tree": spec,
-                   "tau": (accepted + steps) / steps, "steps": steps}
-            rows.append(row)
+            counts[name, spec] = prompt_counts(presets.eagle3(head, parse_tree(spec)), target, prompts, temperature,
+                                               options)
+            estimate = tau_estimate(counts[name, spec])
+            row = {"head": name, "temperature": temperature, "nodes": nodes, "tree": spec, "tau": estimate.tau,
+                   "stderr": estimate.stderr, "steps": sum(counts[name, spec].steps)}
+            if name != args.heads[0]:  # paired over the same prompts: the prompts' shared difficulty cancels
+                difference = tau_difference(counts[args.heads[0], spec], counts[name, spec])
+                row.update(minus_first=difference.tau, minus_first_stderr=difference.stderr)
+            rows.append({**row, "prompt_accepted": list(counts[name, spec].accepted),
+                         "prompt_steps": list(counts[name, spec].steps)})
             print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
