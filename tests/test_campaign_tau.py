@@ -82,16 +82,23 @@ def test_the_curve_shows_tau_beside_held_out_top1(run, tmp_path, capsys):
     run_dir, prompts = run
     measure_campaign_tau(run_dir, prompts=str(prompts), num_prompts=2, max_new_tokens=4, shapes=[GREEDY],
                          log=lambda line: None)
-    measured = {json.loads(line)["trained_tokens"]: json.loads(line)["tau"]
-                for line in (run_dir / "tau.jsonl").read_text().splitlines()}
+    lines = [json.loads(line) for line in (run_dir / "tau.jsonl").read_text().splitlines()]
+    measured = {line["trained_tokens"]: line["tau"] for line in lines}
+    stderr = {line["trained_tokens"]: line["stderr"] for line in lines}
     rows = scaling_rows(run_dir)
-    assert {r["trained_tokens"]: r["tau"]["prompts.jsonl tau, T=0, chain:2"] for r in rows if r["tau"]} == measured
+    setting = "prompts.jsonl tau, T=0, chain:2"
+    assert {r["trained_tokens"]: r["tau"][setting] for r in rows if r["tau"]} == measured
+    assert {r["trained_tokens"]: r["tau_stderr"][setting] for r in rows if r["tau"]} == stderr
     table = scaling_table(rows).splitlines()
     assert table[0].endswith("| greedy chain tau (teacher-forced) | prompts.jsonl tau, T=0, chain:2 |")
     assert table[2].endswith("|  |")  # the first evaluation (no head measured there)
     assert plot_scaling({"run": rows}, tmp_path / "c.png").stat().st_size > 1000
     assert cli.main(["campaign", "curve", str(run_dir)]) == 0
-    assert f"| {measured[max(measured)]:.2f} |" in capsys.readouterr().out
+    assert f"| {measured[max(measured)]:.2f} +- {stderr[max(stderr)]:.2f} |" in capsys.readouterr().out
+    for line in lines:  # rows measured before standard errors were recorded show tau alone
+        del line["stderr"]
+    (run_dir / "tau.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert f"| {measured[max(measured)]:.2f} |" in scaling_table(scaling_rows(run_dir))
 
 
 def test_the_command_measures_and_bad_options_give_a_one_line_error(run, capsys):

@@ -16,8 +16,9 @@ from specprim.train._run_files import COOLED, EVAL_NAME, TAU_NAME, finished_cool
 def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """One row per evaluation in ``RUN_DIR/eval.jsonl`` (the initial head first), in order of tokens trained:
     ``trained_tokens``, ``data_tokens``, ``acc`` (top-1 by depth), ``chain_tau`` (``1 + sum of chain_k``: the mean
-    accepted length of a greedy chain as deep as the head was evaluated, teacher-forced) and ``tau`` (decoding
-    setting -> tau of the head at those tokens, from ``RUN_DIR/tau.jsonl``; empty where none was measured). Raises
+    accepted length of a greedy chain as deep as the head was evaluated, teacher-forced), ``tau`` (decoding
+    setting -> tau of the head at those tokens, from ``RUN_DIR/tau.jsonl``; empty where none was measured) and
+    ``tau_stderr`` (setting -> tau's standard error over prompts, where the row recorded one). Raises
     ``ValueError`` when the run has no evaluation yet."""
     path = Path(run_dir) / EVAL_NAME
     records = read_jsonl(path)
@@ -26,18 +27,18 @@ def scaling_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     taus = _measured_taus(run_dir)
     return [{"segment": record["segment"], "trained_tokens": record["trained_tokens"],
              "data_tokens": record["data_tokens"], **_accuracies(record),
-             "tau": taus.get(("", record["trained_tokens"]), {})}
+             **_tau_fields(taus.get(("", record["trained_tokens"]), {}))}
             for record in sorted(records, key=lambda r: (r["trained_tokens"], r["segment"]))]
 
 
 def cooldown_rows(run_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """One row per finished cool-down of the run (``specprim campaign cooldown``): ``name``, ``from_tokens`` (where
-    it branched), ``decay_steps``, ``trained_tokens``, ``acc``, ``chain_tau`` and ``tau`` as in
+    it branched), ``decay_steps``, ``trained_tokens``, ``acc``, ``chain_tau``, ``tau`` and ``tau_stderr`` as in
     :func:`scaling_rows`."""
     taus = _measured_taus(run_dir)
     return [{"name": record["name"], "from_tokens": record["from_tokens"], "decay_steps": record["decay_steps"],
              "trained_tokens": record["trained_tokens"], **_accuracies(record),
-             "tau": taus.get((record["name"], record["trained_tokens"]), {})}
+             **_tau_fields(taus.get((record["name"], record["trained_tokens"]), {}))}
             for record in finished_cooldowns(run_dir)]
 
 
@@ -47,13 +48,20 @@ def _accuracies(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"acc": [record[f"acc_{k}"] for k in depths], "chain_tau": 1 + sum(record[f"chain_{k}"] for k in depths)}
 
 
-def _measured_taus(run_dir: str | os.PathLike[str]) -> dict[tuple[str, int], dict[str, float]]:
-    """(cool-down name, or ``""`` for the campaign's own heads; tokens trained) -> decoding setting -> tau."""
-    taus: dict[tuple[str, int], dict[str, float]] = {}
+def _measured_taus(run_dir: str | os.PathLike[str]) -> dict[tuple[str, int], dict[str, dict[str, Any]]]:
+    """(cool-down name, or ``""`` for the campaign's own heads; tokens trained) -> decoding setting -> its
+    ``tau.jsonl`` row."""
+    taus: dict[tuple[str, int], dict[str, dict[str, Any]]] = {}
     for measured in read_jsonl(Path(run_dir) / TAU_NAME):
         cooled = measured["head"].removeprefix(COOLED) if measured["head"].startswith(COOLED) else ""
-        taus.setdefault((cooled, measured["trained_tokens"]), {})[tau_label(measured)] = measured["tau"]
+        taus.setdefault((cooled, measured["trained_tokens"]), {})[tau_label(measured)] = measured
     return taus
+
+
+def _tau_fields(measured: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, float]]:
+    """``tau`` and ``tau_stderr`` (rows measured before standard errors were recorded have none) by setting."""
+    return {"tau": {setting: row["tau"] for setting, row in measured.items()},
+            "tau_stderr": {setting: row["stderr"] for setting, row in measured.items() if "stderr" in row}}
 
 
 def tau_label(measured: Mapping[str, Any]) -> str:
@@ -84,9 +92,17 @@ def _table(rows: list[dict[str, Any]], lead: list[str], lead_cells: Any) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
         cells = [*lead_cells(row), *[f"{a:.3f}" for a in row["acc"]], f"{row['chain_tau']:.2f}",
-                 *[f"{row['tau'][s]:.2f}" if s in row.get("tau", {}) else "" for s in settings]]
+                 *[_tau_cell(row, s) for s in settings]]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _tau_cell(row: Mapping[str, Any], setting: str) -> str:
+    """``1.90 +- 0.05`` (tau and its standard error), ``1.90`` without one, empty where not measured."""
+    if setting not in row.get("tau", {}):
+        return ""
+    stderr = row.get("tau_stderr", {}).get(setting)
+    return f"{row['tau'][setting]:.2f}" + ("" if stderr is None else f" +- {stderr:.2f}")
 
 
 def plot_scaling(runs: Mapping[str, list[dict[str, Any]]], path: str | os.PathLike[str], title: str = "",
