@@ -9,3 +9,4 @@ $tau --only 0:8,0:32,1:8 --json "$here/mtbench.json" > "$here/mtbench.log" 2>&1
 $tau --dataset benchmarks/results/cooldown-2026-12-07/holdout-first-turns.jsonl --num-prompts 30 --only 0:8,1:8 \
     --json "$here/holdout-first-turns.json" > "$here/holdout-first-turns.log" 2>&1
 $tau --dataset humaneval --num-prompts 20 --only 0:8,1:8 --json "$here/humaneval.json" > "$here/humaneval.log" 2>&1
+$tau --dataset gsm --num-prompts 20 --only 0:8,1:8 --json "$here/gsm.json" > "$here/gsm.log" 2>&1  # pip install reasoning-gym
