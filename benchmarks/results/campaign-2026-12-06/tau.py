@@ -59,16 +59,15 @@ def main() -> None:
     for name in args.heads:
         head = load_head(name, target)
         for temperature, nodes, spec in shapes:
-            counts[name, spec] = prompt_counts(presets.eagle3(head, parse_tree(spec)), target, prompts, temperature,
-                                               options)
-            estimate = tau_estimate(counts[name, spec])
+            measured = counts[name, spec] = prompt_counts(presets.eagle3(head, parse_tree(spec)), target, prompts,
+                                                          temperature, options)
+            estimate = tau_estimate(measured)
             row = {"head": name, "temperature": temperature, "nodes": nodes, "tree": spec, "tau": estimate.tau,
-                   "stderr": estimate.stderr, "steps": sum(counts[name, spec].steps)}
+                   "stderr": estimate.stderr, "steps": sum(measured.steps)}
             if name != args.heads[0]:  # paired over the same prompts: the prompts' shared difficulty cancels
-                difference = tau_difference(counts[args.heads[0], spec], counts[name, spec])
+                difference = tau_difference(counts[args.heads[0], spec], measured)
                 row.update(minus_first=difference.tau, minus_first_stderr=difference.stderr)
-            rows.append({**row, "prompt_accepted": list(counts[name, spec].accepted),
-                         "prompt_steps": list(counts[name, spec].steps)})
+            rows.append({**row, "prompt_accepted": list(measured.accepted), "prompt_steps": list(measured.steps)})
             print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as f:
